@@ -1,0 +1,33 @@
+"""t2mlr_jax: transformers with temporal middle-layer recurrence (T2MLR, LRT) in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="t2mlr_jax",
+    version="0.1.0",
+    description="Transformers with temporal middle-layer recurrence (T2MLR) in JAX/Flax",
+    packages=find_packages(include=["t2mlr_jax", "t2mlr_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.7,<0.11",
+        "flax>=0.11,<0.13",
+        "optax>=0.2.4,<0.3",
+        "orbax-checkpoint>=0.11,<0.13",
+        "grain>=0.2.10,<0.3",
+        "ml-collections>=1.0,<2",
+        "chex>=0.1.89,<0.2",
+        "tensorflow-datasets>=4.9,<5",
+        "numpy>=1.26,<3",
+        "absl-py>=2.0,<3",
+        "safetensors>=0.4,<1",
+        "tokenizers>=0.20,<1",
+        "jinja2>=3.1,<4",
+        "tensorboardX>=2.6,<3",
+        "tqdm>=4.66,<5",
+        "matplotlib>=3.8,<4",
+    ],
+    extras_require={
+        "test": ["pytest>=8,<10", "torch==2.13.0", "transformers>=4.57,<6"],
+        "tpu": ["jax[tpu]>=0.7,<0.11"],
+    },
+)

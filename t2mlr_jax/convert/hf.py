@@ -1,0 +1,169 @@
+"""Hugging Face Llama-family layout <-> ours: config.json fields and weight names.
+
+Handles LlamaForCausalLM (SmolLM2, Llama 3.x with `llama3` RoPE scaling) and
+Qwen2ForCausalLM (q/k/v biases), config.json in both the transformers 4.x form
+(`rope_theta`, `rope_scaling`) and the 5.x form (`rope_parameters`). Anything
+we would silently compute differently is refused with a ValueError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from t2mlr_jax.config import ModelConfig, RopeScaling, T2MLRConfig
+
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
+_T2MLR_FIELDS = {f.name for f in dataclasses.fields(T2MLRConfig)}
+
+
+def _rope_from_hf(hf: Mapping[str, Any]):
+  """(rope_theta, RopeScaling | None) from a 4.x or 5.x config.json."""
+  params = hf.get("rope_parameters")
+  scaling = hf.get("rope_scaling")
+  theta = hf.get("rope_theta")
+  if params is not None:     # transformers 5.x: one dict holds theta and the type
+    theta = params.get("rope_theta", theta)
+    scaling = params if params.get("rope_type", "default") != "default" else None
+  if theta is None:
+    theta = 10000.0
+  if scaling is None:
+    return float(theta), None
+  kind = scaling.get("rope_type", scaling.get("type"))
+  if kind == "default":
+    return float(theta), None
+  if kind != "llama3":
+    raise ValueError(f"rope_scaling type {kind!r} is not supported: allowed 'default' "
+                     "or 'llama3' (refusing to load with wrong positions)")
+  return float(theta), RopeScaling(
+      rope_type="llama3", factor=float(scaling["factor"]),
+      low_freq_factor=float(scaling["low_freq_factor"]),
+      high_freq_factor=float(scaling["high_freq_factor"]),
+      original_max_position_embeddings=int(scaling["original_max_position_embeddings"]))
+
+
+def config_from_hf(hf: Mapping[str, Any], **overrides) -> ModelConfig:
+  """A ModelConfig from a config.json dict. `overrides` set ModelConfig fields
+  (e.g. rope_theta=None for NoPE) or, via recurrence=..., the recurrence."""
+  archs = hf.get("architectures") or ["LlamaForCausalLM"]
+  arch = archs[0]
+  if arch not in ARCHITECTURES:
+    raise ValueError(f"architecture {arch!r} is not supported: allowed {ARCHITECTURES}")
+  act = hf.get("hidden_act", "silu")
+  if act != "silu":
+    raise ValueError(f"hidden_act={act!r} is not supported: allowed 'silu' (SwiGLU)")
+  if hf.get("mlp_bias", False):
+    raise ValueError("mlp_bias=True is not supported: allowed False")
+  if arch == "Qwen2ForCausalLM" and hf.get("use_sliding_window", False):
+    raise ValueError("use_sliding_window=True is not supported: allowed False")
+  theta, scaling = _rope_from_hf(hf)
+  H = hf["hidden_size"]
+  n_heads = hf["num_attention_heads"]
+  fields = dict(
+      vocab_size=hf["vocab_size"], d_model=H, n_layers=hf["num_hidden_layers"],
+      n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+      d_ff=hf["intermediate_size"], head_dim=hf.get("head_dim") or H // n_heads,
+      max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=theta,
+      rope_scaling=scaling, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      qkv_bias=True if arch == "Qwen2ForCausalLM" else bool(hf.get("attention_bias", False)),
+  )
+  unknown = sorted(set(overrides) - _MODEL_FIELDS)
+  if unknown:
+    raise ValueError(f"unknown override(s) {unknown}: allowed ModelConfig fields "
+                     f"{sorted(_MODEL_FIELDS)}")
+  return ModelConfig(**{**fields, **overrides})
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+  """The config.json of the base model (LlamaForCausalLM, or Qwen2 with q/k/v bias)."""
+  if cfg.rope_theta is None:
+    raise ValueError("rope_theta=None (NoPE) has no Hugging Face Llama equivalent")
+  arch = "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
+  out = dict(
+      architectures=[arch], model_type="qwen2" if cfg.qkv_bias else "llama",
+      vocab_size=cfg.vocab_size, hidden_size=cfg.d_model,
+      num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+      num_key_value_heads=cfg.n_kv_heads, intermediate_size=cfg.d_ff,
+      head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len,
+      rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
+      tie_word_embeddings=cfg.tie_embeddings, hidden_act="silu",
+      attention_bias=cfg.qkv_bias, mlp_bias=False, torch_dtype="float32")
+  if cfg.rope_scaling is not None:
+    out["rope_scaling"] = dataclasses.asdict(cfg.rope_scaling)
+  return out
+
+
+def to_numpy(value) -> np.ndarray:
+  """A torch tensor (any float dtype, incl. bf16) or array-like as a float32/int numpy array."""
+  if hasattr(value, "detach"):     # torch.Tensor without importing torch
+    value = value.detach().cpu()
+    if value.is_floating_point():
+      value = value.float()
+    return value.numpy()
+  arr = np.asarray(value)
+  return arr.astype(np.float32) if arr.dtype.kind == "f" or arr.dtype.name == "bfloat16" else arr
+
+
+_LINEARS = {("attn", "q"): "self_attn.q_proj", ("attn", "k"): "self_attn.k_proj",
+            ("attn", "v"): "self_attn.v_proj", ("attn", "o"): "self_attn.o_proj",
+            ("mlp", "gate"): "mlp.gate_proj", ("mlp", "up"): "mlp.up_proj",
+            ("mlp", "down"): "mlp.down_proj"}
+_NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+
+
+def _take(sd: Mapping[str, Any], key: str) -> np.ndarray:
+  if key not in sd:
+    raise ValueError(f"missing weight {key!r} in the state dict")
+  return to_numpy(sd[key])
+
+
+def base_params_from_state_dict(sd: Mapping[str, Any], cfg: ModelConfig,
+                                layer_key=lambda i: f"model.layers.{i}.",
+                                prefix: str = "model.", lm_head_key: str = "lm_head.weight"):
+  """Our stacked parameter tree (without recurrence) from HF-named weights.
+
+  layer_key(i) gives the name prefix of layer i (the official T2MLR wrapper
+  moves layer l_start under `.model.`). Shapes are checked against cfg.
+  """
+  layers: dict = {"attn": {}, "mlp": {}}
+  for (group, name), hf_name in _LINEARS.items():
+    kernels = [_take(sd, f"{layer_key(i)}{hf_name}.weight").T for i in range(cfg.n_layers)]
+    layers[group][name] = {"kernel": np.stack(kernels)}
+    if group == "attn" and name != "o" and cfg.qkv_bias:
+      layers[group][name]["bias"] = np.stack(
+          [_take(sd, f"{layer_key(i)}{hf_name}.bias") for i in range(cfg.n_layers)])
+  for ours, hf_name in _NORMS.items():
+    layers[ours] = {"scale": np.stack(
+        [_take(sd, f"{layer_key(i)}{hf_name}.weight") for i in range(cfg.n_layers)])}
+  params = {"embed": {"embedding": _take(sd, f"{prefix}embed_tokens.weight")},
+            "layers": layers,
+            "final_norm": {"scale": _take(sd, f"{prefix}norm.weight")}}
+  if not cfg.tie_embeddings:
+    params["lm_head"] = {"kernel": _take(sd, lm_head_key).T}
+  check_shapes(params, cfg)
+  return params
+
+
+def check_shapes(params, cfg: ModelConfig):
+  """Every base weight has the shape cfg implies (clear error instead of wrong numbers)."""
+  import jax
+  from t2mlr_jax.model.transformer import init_params
+  expected = jax.eval_shape(lambda: init_params(cfg.replace(recurrence=None),
+                                                jax.random.PRNGKey(0)))
+  flat_exp = dict(jax.tree_util.tree_flatten_with_path(expected)[0])
+  flat_got = dict(jax.tree_util.tree_flatten_with_path(
+      {k: v for k, v in params.items() if k != "recurrence"})[0])
+  name = lambda path: "/".join(str(getattr(p, "key", p)) for p in path)
+  if set(map(name, flat_exp)) != set(map(name, flat_got)):
+    missing = sorted(set(map(name, flat_exp)) - set(map(name, flat_got)))
+    extra = sorted(set(map(name, flat_got)) - set(map(name, flat_exp)))
+    raise ValueError(f"parameter tree mismatch: missing {missing}, unexpected {extra}")
+  for path, leaf in flat_exp.items():
+    got = flat_got[path]
+    if tuple(got.shape) != tuple(leaf.shape):
+      raise ValueError(f"weight {name(path)} has shape {tuple(got.shape)}, the config "
+                       f"implies {tuple(leaf.shape)}")

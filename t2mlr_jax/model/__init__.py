@@ -1,0 +1,1 @@
+"""The model: layers, the recurrence, the stacked transformer, execution modes, decoding."""

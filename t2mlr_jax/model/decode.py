@@ -1,0 +1,193 @@
+"""Decoding: exact prefill, then one token per step with a preallocated KV cache.
+
+The decode state is a pytree: per-segment stacked KV caches, the one H-vector of
+recurrent state per sequence, which cache slots hold real tokens, the next slot
+and each row's next position id. Prompts are left-padded (real tokens
+right-aligned, as Hugging Face does with padding_side="left"), so every row
+writes the same cache slot at every step. Generation runs under one jit as a
+`lax.while_loop` that stops early once every row has emitted EOS.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.model import recurrence as rec
+from t2mlr_jax.model.layers import KV, attention_mask, rope_tables
+from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, parallel
+from t2mlr_jax.model.transformer import embed, head, run_segment, segment_params
+
+
+class DecodeState(NamedTuple):
+  kv: dict            # segment name -> KV, each [n_layers_in_segment, B, S, N_kv, K]
+  R: jnp.ndarray      # [B, D] fp32 recurrent state (zeros without recurrence)
+  valid: jnp.ndarray  # [B, S] bool: slot holds a real (non-padding) token
+  index: jnp.ndarray  # int32 scalar: the next slot to write
+  positions: jnp.ndarray  # [B] int32: the next token's position id
+
+
+def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
+            recurrent_prompt: bool = True):
+  """Run the prompt exactly; returns (last-position logits [B,V], DecodeState).
+
+  With a non-recurrent prompt (all cf <= 1, known statically) the exact
+  recurrence is the parallel pass plus the raw cache of the last position.
+  """
+  B, T = tokens_BT.shape
+  if cfg.recurrence is not None and recurrent_prompt:
+    logits, _, (kvs, R) = exact(params, cfg, tokens_BT, inp)
+  else:
+    logits, kvs, outs = parallel(params, cfg, tokens_BT, inp)
+    R = rec.zero_state(cfg, B)
+    if cfg.recurrence is not None:
+      last_cf = inp.control_flow[:, -1:]
+      R = rec.write(params["recurrence"], cfg, outs["middle"][:, -1:], R[:, None],
+                    last_cf)[:, 0]
+  pad = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, cache_len - T), (0, 0), (0, 0)))
+  kvs = {name: KV(pad(kv.k), pad(kv.v)) for name, kv in kvs.items()}
+  valid = jnp.pad(inp.control_flow != rec.CF_PAD, ((0, 0), (0, cache_len - T)))
+  state = DecodeState(kvs, R, valid, jnp.asarray(T, jnp.int32), inp.positions[:, -1] + 1)
+  return logits[:, -1], state
+
+
+def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B):
+  """Feed one recurrent (cf 2) token per row; returns (logits [B,V], new state)."""
+  B = token_B.shape[0]
+  idx = state.index
+  valid = jax.lax.dynamic_update_slice_in_dim(state.valid, jnp.ones((B, 1), bool), idx, axis=1)
+  mask = attention_mask(jnp.full((B, 1), idx), valid)
+  pos = state.positions[:, None]
+  rope = rope_tables(cfg, pos)
+  cf = jnp.full((B, 1), rec.CF_RECURRENT, jnp.int32)
+  x, R, kv = embed(params, cfg, token_B[:, None]), state.R, dict(state.kv)
+  for name, lo, hi in cfg.segments:
+    if name == "middle":
+      R_read = jnp.where((pos == 0)[..., None], 0.0, R[:, None])
+      x, _ = rec.inject(params["recurrence"], cfg, x, R_read, cf)
+    x, kv[name] = run_segment(segment_params(params, lo, hi), cfg, x, rope, mask,
+                              state.kv[name], idx)
+    if name == "middle":
+      R = rec.write(params["recurrence"], cfg, x, R_read, cf)[:, 0]
+  logits = head(params, cfg, x)[:, 0]
+  return logits, DecodeState(kv, R, valid, idx + 1, state.positions + 1)
+
+
+def sample(logits_BV, key, temperature: float, top_k: Optional[int], top_p: Optional[float]):
+  """Greedy when temperature == 0, else temperature / top-k / top-p sampling."""
+  if temperature == 0.0:
+    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  logits = logits_BV.astype(jnp.float32) / temperature
+  if top_k is not None:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if top_p is not None:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    # keep the smallest prefix whose mass reaches top_p (always the top token)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = mass_before < top_p
+    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id",
+    "prompt_control_flow", "return_logits"))
+def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, top_k, top_p,
+              eos_id, prompt_control_flow, return_logits):
+  B, P = prompt.shape
+  N = max_new_tokens
+  pad = P - lengths
+  t = jnp.arange(P)[None, :]
+  valid = t >= pad[:, None]
+  inp = SeqInputs(jnp.where(valid, prompt_control_flow, rec.CF_PAD).astype(jnp.int32),
+                  jnp.maximum(t - pad[:, None], 0).astype(jnp.int32), None)
+  logits, state = prefill(params, cfg, prompt, inp, P + N,
+                          recurrent_prompt=prompt_control_flow == rec.CF_RECURRENT)
+  keys = jax.random.split(rng, N)
+  fill = 0 if eos_id is None else eos_id
+  tokens = jnp.full((B, N), fill, jnp.int32)
+  step_logits = jnp.zeros((B, N, cfg.vocab_size), jnp.float32) if return_logits else None
+
+  def emit(i, logits, tokens, step_logits, done):
+    tok = sample(logits, keys[i], temperature, top_k, top_p)
+    if eos_id is not None:
+      tok = jnp.where(done, eos_id, tok)
+      done = done | (tok == eos_id)
+    tokens = tokens.at[:, i].set(tok)
+    if return_logits:
+      step_logits = step_logits.at[:, i].set(logits)
+    return tok, tokens, step_logits, done
+
+  tok, tokens, step_logits, done = emit(0, logits, tokens, step_logits, jnp.zeros((B,), bool))
+
+  def cond(carry):
+    i, _, _, _, _, done = carry
+    return (i < N) & ~jnp.all(done)
+
+  def body(carry):
+    i, tok, state, tokens, step_logits, done = carry
+    logits, state = decode_step(params, cfg, state, tok)
+    tok, tokens, step_logits, done = emit(i, logits, tokens, step_logits, done)
+    return i + 1, tok, state, tokens, step_logits, done
+
+  carry = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, state, tokens, step_logits, done))
+  return (carry[3], carry[4]) if return_logits else carry[3]
+
+
+def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
+             temperature: float = 0.0, top_k: Optional[int] = None,
+             top_p: Optional[float] = None, eos_id: Optional[int] = None, rng=None,
+             prompt_lengths=None, prompt_control_flow: int = 2,
+             return_logits: bool = False):
+  """New tokens [B, max_new_tokens] after `prompt_tokens` [B, P] (exact recurrence).
+
+  Prompts are left-padded: row b's real tokens are its last prompt_lengths[b]
+  entries (None: all P). Generated tokens are recurrent (cf 2); the prompt is
+  cf `prompt_control_flow` (2 for models trained with every token recurrent,
+  1 for SFT models trained with non-recurrent prompts, as the official
+  generate()). After a row emits `eos_id`, it repeats eos_id. With
+  return_logits, also the logits each token was chosen from [B, N, V].
+  """
+  check_tokens(cfg, prompt_tokens, "prompt_tokens")
+  B, P = prompt_tokens.shape
+  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: allowed an integer >= 1")
+  if P + max_new_tokens > cfg.max_seq_len:
+    raise ValueError(f"prompt length {P} + max_new_tokens {max_new_tokens} exceeds "
+                     f"max_seq_len={cfg.max_seq_len}: allowed P + max_new_tokens <= "
+                     f"{cfg.max_seq_len}")
+  if prompt_control_flow not in (1, 2):
+    raise ValueError(f"prompt_control_flow={prompt_control_flow!r} is invalid: allowed 1 or 2")
+  if temperature < 0:
+    raise ValueError(f"temperature={temperature!r} is invalid: allowed >= 0 (0 = greedy)")
+  if top_k is not None and not 1 <= top_k <= cfg.vocab_size:
+    raise ValueError(f"top_k={top_k!r} is invalid: allowed None or 1..{cfg.vocab_size}")
+  if top_p is not None and not 0.0 < top_p <= 1.0:
+    raise ValueError(f"top_p={top_p!r} is invalid: allowed None or a float in (0, 1]")
+  if eos_id is not None and not 0 <= eos_id < cfg.vocab_size:
+    raise ValueError(f"eos_id={eos_id!r} is invalid: allowed 0..{cfg.vocab_size - 1}")
+  if temperature > 0 and rng is None:
+    raise ValueError("rng is required when temperature > 0 (pass a jax.random key)")
+  if prompt_lengths is None:
+    lengths = jnp.full((B,), P, jnp.int32)
+  else:
+    lengths = jnp.asarray(prompt_lengths, jnp.int32)
+    if lengths.shape != (B,):
+      raise ValueError(f"prompt_lengths must have shape ({B},), got {lengths.shape}")
+    if not isinstance(lengths, jax.core.Tracer):
+      lo, hi = int(lengths.min()), int(lengths.max())
+      if lo < 1 or hi > P:
+        raise ValueError(f"prompt_lengths hold values in [{lo}, {hi}]: allowed 1..{P}")
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  return _generate(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths, rng,
+                   int(max_new_tokens), float(temperature), top_k,
+                   None if top_p is None else float(top_p), eos_id, int(prompt_control_flow),
+                   return_logits)

@@ -1,0 +1,172 @@
+"""Backbone building blocks: RMSNorm, RoPE, grouped-query attention, SwiGLU, Block.
+
+One `Block` serves every execution mode. Attention always reads its keys from an
+explicit key/value array: the block's own fresh keys for a full sequence, or a
+preallocated cache the new keys are written into at `index` (token-by-token).
+Which keys a query may see is a boolean mask built once per forward
+(`attention_mask`) and shared by all layers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t2mlr_jax.config import ModelConfig
+
+NEG_INF = float(jnp.finfo(jnp.float32).min)
+
+
+def compute_dtype(cfg: ModelConfig):
+  return jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
+
+
+def dense_init(cfg: ModelConfig):
+  return nn.initializers.normal(stddev=cfg.init_std)
+
+
+class RMSNorm(nn.Module):
+  """x / rms(x) * scale, computed in fp32 (Llama convention)."""
+  eps: float = 1e-5
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (scale * y.astype(self.dtype)).astype(self.dtype)
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jnp.ndarray:
+  """Inverse frequencies [head_dim/2], with optional `llama3` scaling (as in HF)."""
+  dim = cfg.head_dim
+  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  sc = cfg.rope_scaling
+  if sc is None:
+    return inv_freq
+  low_wavelen = sc.original_max_position_embeddings / sc.low_freq_factor
+  high_wavelen = sc.original_max_position_embeddings / sc.high_freq_factor
+  wavelen = 2 * math.pi / inv_freq
+  scaled = jnp.where(wavelen > low_wavelen, inv_freq / sc.factor, inv_freq)
+  smooth = (sc.original_max_position_embeddings / wavelen - sc.low_freq_factor) / (
+      sc.high_freq_factor - sc.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / sc.factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(medium, smoothed, scaled)
+
+
+class Rope(NamedTuple):
+  cos_BTK: jnp.ndarray   # K = head_dim
+  sin_BTK: jnp.ndarray
+
+
+def rope_tables(cfg: ModelConfig, positions_BT) -> Optional[Rope]:
+  """cos/sin tables for the given position ids; None under NoPE."""
+  if cfg.rope_theta is None:
+    return None
+  freqs = positions_BT.astype(jnp.float32)[..., None] * rope_inv_freq(cfg)
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return Rope(jnp.cos(emb), jnp.sin(emb))
+
+
+def apply_rope(x_BTNK, rope: Optional[Rope]):
+  if rope is None:
+    return x_BTNK
+  half = x_BTNK.shape[-1] // 2
+  x32 = x_BTNK.astype(jnp.float32)
+  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  cos, sin = rope.cos_BTK[:, :, None, :], rope.sin_BTK[:, :, None, :]
+  return (x32 * cos + rotated * sin).astype(x_BTNK.dtype)
+
+
+# ------------------------------------------------------------------------ attention
+
+
+def attention_mask(q_slot_BT, k_valid_BS, q_seg_BT=None, k_seg_BS=None):
+  """[B,T,S] bool: key slot s visible to query t (causal, valid key, same segment)."""
+  S = k_valid_BS.shape[1]
+  mask = jnp.arange(S)[None, None, :] <= q_slot_BT[:, :, None]
+  mask = mask & k_valid_BS[:, None, :]
+  if q_seg_BT is not None:
+    mask = mask & (k_seg_BS[:, None, :] == q_seg_BT[:, :, None])
+  return mask
+
+
+class KV(NamedTuple):
+  """Keys and values of one layer (or a stack of layers: a leading layer axis)."""
+  k: jnp.ndarray   # [B, S, N_kv, K]
+  v: jnp.ndarray
+
+
+class Attention(nn.Module):
+  """Causal grouped-query self-attention with RoPE (or NoPE) and optional q/k/v bias."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None):
+    cfg = self.cfg
+    dt = compute_dtype(cfg)
+    N, Nk, K = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    dense = lambda feats, name, bias: nn.Dense(
+        feats, use_bias=bias, dtype=dt, param_dtype=jnp.float32,
+        kernel_init=dense_init(cfg), name=name)
+    B, T, _ = x_BTD.shape
+    q = dense(N * K, "q", cfg.qkv_bias)(x_BTD).reshape(B, T, N, K)
+    k = dense(Nk * K, "k", cfg.qkv_bias)(x_BTD).reshape(B, T, Nk, K)
+    v = dense(Nk * K, "v", cfg.qkv_bias)(x_BTD).reshape(B, T, Nk, K)
+    q, k = apply_rope(q, rope), apply_rope(k, rope)
+    if kv is None:
+      keys, values = k, v
+    else:   # write the new keys into the preallocated cache at `index`
+      keys = jax.lax.dynamic_update_slice_in_dim(kv.k, k.astype(kv.k.dtype), index, axis=1)
+      values = jax.lax.dynamic_update_slice_in_dim(kv.v, v.astype(kv.v.dtype), index, axis=1)
+    S = keys.shape[1]
+    chex.assert_shape(mask_BTS, (B, T, S))
+    q = q.reshape(B, T, Nk, N // Nk, K)
+    logits = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(dt)).astype(jnp.float32)
+    logits = logits / math.sqrt(K)
+    logits = jnp.where(mask_BTS[:, None, None, :, :], logits, NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+    out = jnp.einsum("bngts,bsnk->btngk", probs, values.astype(dt)).reshape(B, T, N * K)
+    y = nn.Dense(cfg.d_model, use_bias=False, dtype=dt, param_dtype=jnp.float32,
+                 kernel_init=dense_init(cfg), name="o")(out)
+    return y, KV(keys, values)
+
+
+class MLP(nn.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    cfg = self.cfg
+    dt = compute_dtype(cfg)
+    dense = lambda feats, name: nn.Dense(feats, use_bias=False, dtype=dt,
+                                         param_dtype=jnp.float32,
+                                         kernel_init=dense_init(cfg), name=name)
+    h = jax.nn.silu(dense(cfg.d_ff, "gate")(x_BTD)) * dense(cfg.d_ff, "up")(x_BTD)
+    return dense(cfg.d_model, "down")(h)
+
+
+class Block(nn.Module):
+  """Pre-norm decoder block; returns (x_out, KV) where KV are the keys the layer saw."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None):
+    cfg = self.cfg
+    dt = compute_dtype(cfg)
+    h = RMSNorm(cfg.rms_norm_eps, dt, name="attn_norm")(x_BTD)
+    a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index)
+    x = x_BTD + a
+    h = RMSNorm(cfg.rms_norm_eps, dt, name="mlp_norm")(x)
+    return x + MLP(cfg, name="mlp")(h), kv_out

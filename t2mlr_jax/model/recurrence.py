@@ -1,0 +1,131 @@
+"""The temporal pathway: what the recurrence reads, what it injects, what it carries.
+
+T2MLR (SPEC §2): the cache R_t (built at position t-1 from the output of layer
+l_end) is fused into the residual stream entering layer l_start,
+
+    r = W_rec R;  g = [h, r];  Φ(h, R) = h + tanh(γ_rec) σ(f_rec g) ⊙ r + tanh(γ_cur) σ(f_cur g) ⊙ h
+
+and after l_end the cache is rewritten (residual + clipped RMS scale at
+recurrent positions, the raw output elsewhere). The execution modes only ever
+call the three functions of this module's interface:
+
+    init_params(cfg, rng)                  -> recurrence parameter tree
+    inject(params, cfg, h, R, cf)          -> (h', gate statistics)     at l_start
+    write(params, cfg, o, R, cf)           -> new per-position cache     after l_end
+
+plus `zero_state`. Everything runs in fp32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t2mlr_jax.config import ModelConfig, T2MLRConfig
+
+# Control-flow codes carried by every token (SPEC §2, §10).
+CF_PAD, CF_PLAIN, CF_RECURRENT = 0, 1, 2
+
+
+def _torch_linear_uniform(key, shape, dtype=jnp.float32):
+  """PyTorch's default nn.Linear init: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+  bound = 1.0 / jnp.sqrt(shape[0])
+  return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class GateStats(NamedTuple):
+  s_rec: jnp.ndarray   # [B, T, D] recurrent gate σ(f_rec g)
+  s_cur: jnp.ndarray   # [B, T, D] current gate σ(f_cur g)
+
+
+class T2MLRFusion(nn.Module):
+  """Φ(h, R) at every position (the caller selects where it applies)."""
+  rcfg: T2MLRConfig
+  d_model: int
+
+  @nn.compact
+  def __call__(self, h_BTD, R_BTD):
+    rcfg, D = self.rcfg, self.d_model
+    gate_kernel = nn.initializers.variance_scaling(rcfg.gate_gain ** 2, "fan_avg", "normal")
+    gate_bias = nn.initializers.constant(rcfg.gate_bias)
+    gate = lambda name: nn.Dense(D, kernel_init=gate_kernel, bias_init=gate_bias,
+                                 param_dtype=jnp.float32, dtype=jnp.float32, name=name)
+    gamma_rec = self.param("gamma_rec", nn.initializers.zeros, (), jnp.float32)
+    gamma_cur = self.param("gamma_cur", nn.initializers.zeros, (), jnp.float32)
+    r = nn.Dense(D, use_bias=False, kernel_init=_torch_linear_uniform,
+                 param_dtype=jnp.float32, dtype=jnp.float32, name="w_rec")(R_BTD)
+    g = jnp.concatenate([h_BTD, r], axis=-1)
+    s_rec = jax.nn.sigmoid(gate("f_rec")(g))
+    s_cur = jax.nn.sigmoid(gate("f_cur")(g))
+    out = h_BTD + jnp.tanh(gamma_rec) * s_rec * r + jnp.tanh(gamma_cur) * s_cur * h_BTD
+    return out, GateStats(s_rec, s_cur)
+
+
+def init_params(cfg: ModelConfig, rng) -> dict:
+  rcfg = cfg.recurrence
+  D = cfg.d_model
+  dummy = jnp.zeros((1, 1, D), jnp.float32)
+  params = dict(T2MLRFusion(rcfg, D).init(rng, dummy, dummy)["params"])
+  if rcfg.residual and rcfg.cache_norm == "rmsnorm":
+    params["cache_norm"] = {"scale": jnp.ones((D,), jnp.float32)}
+  return params
+
+
+def zero_state(cfg: ModelConfig, batch: int) -> jnp.ndarray:
+  """The recurrent state carried between tokens: one fp32 H-vector per sequence."""
+  return jnp.zeros((batch, cfg.d_model), jnp.float32)
+
+
+def inject(params, cfg: ModelConfig, h_BTD, R_BTD, cf_BT):
+  """Residual stream entering l_start: Φ(h, R) where cf == 2, h elsewhere."""
+  dtype = h_BTD.dtype
+  h32 = h_BTD.astype(jnp.float32)
+  fused, gates = T2MLRFusion(cfg.recurrence, cfg.d_model).apply(
+      {"params": {k: v for k, v in params.items() if k != "cache_norm"}}, h32, R_BTD)
+  out = jnp.where((cf_BT == CF_RECURRENT)[..., None], fused, h32)
+  return out.astype(dtype), gates
+
+
+def _cache_norm(params, rcfg: T2MLRConfig, z):
+  if rcfg.cache_norm == "none":
+    return z
+  ms = jnp.mean(z * z, axis=-1, keepdims=True) + rcfg.cache_norm_eps
+  if rcfg.cache_norm == "rmsnorm":
+    return z * jax.lax.rsqrt(ms) * params["cache_norm"]["scale"]
+  clip = rcfg.cache_norm_clip
+  scale = jnp.clip(jax.lax.rsqrt(ms), 1.0 / clip, clip)
+  return z * jax.lax.stop_gradient(scale)
+
+
+def write(params, cfg: ModelConfig, o_BTD, R_BTD, cf_BT):
+  """The cache each position writes for the next one (before the shift).
+
+  cf 2: residual + norm of (o_t, R_t) (raw o_t when residual is off);
+  cf 1: raw o_t; cf 0 (padding): zeros.
+  """
+  rcfg = cfg.recurrence
+  o = o_BTD.astype(jnp.float32)
+  if rcfg.residual:
+    R = jax.lax.stop_gradient(R_BTD) if rcfg.residual_detach else R_BTD
+    z = _cache_norm(params, rcfg, o + R)
+  else:
+    z = o
+  cf = cf_BT[..., None]
+  return jnp.where(cf == CF_RECURRENT, z, jnp.where(cf == CF_PLAIN, o, 0.0))
+
+
+def shift_right(Z_BTD, positions_BT):
+  """R_t = Z_{t-1}, zero at position 0 and wherever a packed segment starts."""
+  R = jnp.pad(Z_BTD, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+  return jnp.where((positions_BT == 0)[..., None], 0.0, R)
+
+
+def gate_means(gates: GateStats, cf_BT):
+  """Mean gate values over recurrent positions (0 when there are none)."""
+  w = (cf_BT == CF_RECURRENT).astype(jnp.float32)[..., None]
+  denom = jnp.maximum(jnp.sum(w) * gates.s_rec.shape[-1], 1.0)
+  return {"gate_rec": jnp.sum(gates.s_rec * w) / denom,
+          "gate_cur": jnp.sum(gates.s_cur * w) / denom}

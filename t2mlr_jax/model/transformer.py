@@ -1,0 +1,93 @@
+"""The decoder stack: parameters, embedding/head, and segments of the layer stack.
+
+All L layers' parameters live in one stacked tree (leading axis L), so the
+layout does not depend on where the recurrent block sits. A forward pass runs
+contiguous slices of that stack (below / inside / above the recurrent block)
+with `lax.scan` over the same `Block`, so compile time does not grow with depth.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.model import recurrence
+from t2mlr_jax.model.layers import KV, Block, RMSNorm, compute_dtype, rope_tables
+
+
+def init_params(cfg: ModelConfig, rng) -> dict:
+  """Fresh parameters: N(0, init_std) weights, unit norms, identity recurrence (γ = 0)."""
+  k_embed, k_layers, k_head, k_rec = jax.random.split(rng, 4)
+  D, T0 = cfg.d_model, 1
+  dummy_x = jnp.zeros((1, T0, D), jnp.float32)
+  dummy_mask = jnp.ones((1, T0, T0), bool)
+  rope = rope_tables(cfg, jnp.zeros((1, T0), jnp.int32))
+  init_block = lambda k: Block(cfg).init(k, dummy_x, rope, dummy_mask)["params"]
+  params = {
+      "embed": {"embedding": cfg.init_std * jax.random.normal(
+          k_embed, (cfg.vocab_size, D), jnp.float32)},
+      "layers": jax.vmap(init_block)(jax.random.split(k_layers, cfg.n_layers)),
+      "final_norm": {"scale": jnp.ones((D,), jnp.float32)},
+  }
+  if not cfg.tie_embeddings:
+    params["lm_head"] = {"kernel": cfg.init_std * jax.random.normal(
+        k_head, (D, cfg.vocab_size), jnp.float32)}
+  if cfg.recurrence is not None:
+    params["recurrence"] = recurrence.init_params(cfg, k_rec)
+  return params
+
+
+def embed(params, cfg: ModelConfig, tokens_BT):
+  return params["embed"]["embedding"][tokens_BT].astype(compute_dtype(cfg))
+
+
+def head(params, cfg: ModelConfig, x_BTD):
+  """Final RMSNorm and LM head; fp32 logits [B, T, V]."""
+  dt = compute_dtype(cfg)
+  x = RMSNorm(cfg.rms_norm_eps, dt).apply({"params": params["final_norm"]}, x_BTD)
+  if cfg.tie_embeddings:
+    w = params["embed"]["embedding"].astype(dt).T
+  else:
+    w = params["lm_head"]["kernel"].astype(dt)
+  return jnp.einsum("btd,dv->btv", x, w).astype(jnp.float32)
+
+
+def segment_params(params, lo: int, hi: int):
+  """Layers lo..hi-1 of the stacked layer tree (static slice)."""
+  return jax.tree.map(lambda a: a[lo:hi], params["layers"])
+
+
+def _remat(cfg: ModelConfig, fn):
+  if cfg.remat == "full":
+    return jax.checkpoint(fn)
+  if cfg.remat == "dots":
+    return jax.checkpoint(fn, policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)
+  return fn
+
+
+def run_segment(layer_params, cfg: ModelConfig, x_BTD, rope, mask_BTS,
+                kv: Optional[KV] = None, index=None):
+  """Run a stacked slice of layers; returns (x, KV stacked over the slice's layers).
+
+  With `kv` (a stacked cache [n, B, S, N_kv, K]) the new keys are written at
+  `index` and the returned KV is the updated cache; without it the returned KV
+  holds the keys/values the layers computed for these T positions.
+  """
+  block = Block(cfg)
+
+  def layer(x, p_and_kv):
+    p, layer_kv = p_and_kv
+    return block.apply({"params": p}, x, rope, mask_BTS, layer_kv, index)
+
+  layer = _remat(cfg, layer)
+  n = jax.tree.leaves(layer_params)[0].shape[0]
+  if cfg.scan_layers:
+    return jax.lax.scan(layer, x_BTD, (layer_params, kv))
+  outs = []
+  for i in range(n):
+    x_BTD, out = layer(x_BTD, jax.tree.map(lambda a: a[i], (layer_params, kv)))
+    outs.append(out)
+  return x_BTD, jax.tree.map(lambda *a: jnp.stack(a), *outs)

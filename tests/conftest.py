@@ -1,0 +1,13 @@
+"""Test setup: 8 fake CPU devices for sharding tests, fp32 matmuls, a compile cache."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "")
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_default_matmul_precision", "highest")
+_cache = os.environ.get("T2MLR_TEST_COMPILE_CACHE")
+if _cache:
+  jax.config.update("jax_compilation_cache_dir", _cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
