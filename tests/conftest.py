@@ -2,7 +2,10 @@
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "")
+# Tiny test programs: XLA's CPU compile time dominates, so skip LLVM's optimisations.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_backend_optimization_level=0").strip()
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)

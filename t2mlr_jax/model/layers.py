@@ -135,7 +135,8 @@ class Attention(nn.Module):
     logits = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(dt)).astype(jnp.float32)
     logits = logits / math.sqrt(K)
     logits = jnp.where(mask_BTS[:, None, None, :, :], logits, NEG_INF)
-    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+    # A query with no visible key (a padding position) attends to nothing.
+    probs = jnp.where(mask_BTS[:, None, None], jax.nn.softmax(logits, axis=-1), 0.0).astype(dt)
     out = jnp.einsum("bngts,bsnk->btngk", probs, values.astype(dt)).reshape(B, T, N * K)
     y = nn.Dense(cfg.d_model, use_bias=False, dtype=dt, param_dtype=jnp.float32,
                  kernel_init=dense_init(cfg), name="o")(out)

@@ -8,6 +8,7 @@ with `lax.scan` over the same `Block`, so compile time does not grow with depth.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
@@ -18,6 +19,7 @@ from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.layers import KV, Block, RMSNorm, compute_dtype, rope_tables
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig, rng) -> dict:
   """Fresh parameters: N(0, init_std) weights, unit norms, identity recurrence (γ = 0)."""
   k_embed, k_layers, k_head, k_rec = jax.random.split(rng, 4)

@@ -1,0 +1,1 @@
+"""Synthetic-task data generators (pure numpy; never imports the model)."""

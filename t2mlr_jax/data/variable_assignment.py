@@ -1,0 +1,123 @@
+"""Variable Assignment (SPEC §5): resolve a query variable through a chain of aliases.
+
+A prompt lists shuffled assignment lines — base variables holding digits
+(`x=7`) and aliases (`q=x`) — and asks for the value of a query variable; the
+answer is the digit reached by following the aliases. Distractor aliases make
+the model pick the right chain out of several. Text only: tokenisation (with an
+HF tokenizer, prompt cf=1, answer cf=2) happens elsewhere. Pure Python/numpy,
+deterministic per seed.
+
+Interpretation of "a chain of depth 2 ending in a base variable": `depth` is
+the number of alias assignments from the query to the base variable, so
+depth 2 is `query=alias`, `alias=base`, `base=<digit>` (two alias hops, two
+chain variables besides the base). Note the public reference generator's
+`depth=2` builds one more hop (query=c1, c1=c2, c2=base); pass depth=3 here to
+get that shape.
+
+Distractors: each of the `num_distractors` aliases is a fresh name assigned to
+a uniformly chosen base variable, chain variable or earlier distractor (in a
+random order), so no line forms a cycle and every variable resolves to a
+digit; they never change the query's value (nothing in the chain points to a
+distractor). Names are distinct single letters drawn without replacement from
+a-z.
+
+Prompt (exact): "Variable assignment. Follow the assignments and fill in the
+blank.\\n" + lines joined by "\\n" + "\\n<query>=___\\nAnswer: |". The public
+reference generator ends it with "Answer: | " (a trailing space); SPEC §5 and
+this module do not.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Sequence, Union
+
+import numpy as np
+
+PROMPT_HEADER = "Variable assignment. Follow the assignments and fill in the blank.\n"
+ANSWER_PREFIX = "Answer: |"
+NAMES = string.ascii_lowercase
+
+SeedLike = Union[int, Sequence[int], np.random.SeedSequence, np.random.Generator]
+
+
+def _check_count(name: str, value: int, minimum: int) -> None:
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+    raise ValueError(f"{name}={value!r} is invalid: allowed integers >= {minimum}")
+
+
+def format_prompt(lines: Sequence[str], query: str) -> str:
+  """The exact prompt text for these lines and query variable."""
+  return PROMPT_HEADER + "\n".join(lines) + f"\n{query}=___\n" + ANSWER_PREFIX
+
+
+def parse_lines(lines: Sequence[str]) -> dict[str, str]:
+  """Map each left-hand variable to its right-hand side (a digit or a variable)."""
+  table: dict[str, str] = {}
+  for line in lines:
+    lhs, sep, rhs = line.partition("=")
+    if not sep or not lhs or not rhs or "=" in rhs:
+      raise ValueError(f"line {line!r} is invalid: allowed '<var>=<digit>' or '<var>=<var>'")
+    if lhs in table:
+      raise ValueError(f"variable {lhs!r} is assigned twice")
+    table[lhs] = rhs
+  return table
+
+
+def resolve(lines: Sequence[str], var: str) -> str:
+  """The digit `var` holds, following alias lines until a digit (as a string).
+
+  Raises ValueError on an unassigned variable or an alias cycle.
+  """
+  table = parse_lines(lines)
+  seen = []
+  while True:
+    if var not in table:
+      raise ValueError(f"variable {var!r} is not assigned (chain: {' -> '.join(seen)})")
+    if var in seen:
+      raise ValueError(f"alias cycle: {' -> '.join(seen + [var])}")
+    seen.append(var)
+    rhs = table[var]
+    if rhs.isdigit():
+      return rhs
+    var = rhs
+
+
+def generate_example(seed: SeedLike, *, num_base: int = 8, depth: int = 2,
+                     num_distractors: int = 6) -> dict:
+  """One example: dict(prompt=str, answer=str, lines=list[str], query=str).
+
+  Args:
+    seed: anything `np.random.default_rng` accepts; the example is a pure
+      function of it and the other arguments.
+    num_base: base variables, each holding a uniform digit 0-9 (>= 1).
+    depth: alias assignments from the query to its base variable (>= 1).
+    num_distractors: extra aliases of other variables (>= 0).
+  """
+  _check_count("num_base", num_base, 1)
+  _check_count("depth", depth, 1)
+  _check_count("num_distractors", num_distractors, 0)
+  total = num_base + depth + num_distractors
+  if total > len(NAMES):
+    raise ValueError(f"num_base + depth + num_distractors = {total} is invalid: allowed at "
+                     f"most {len(NAMES)} (single-letter names without replacement)")
+  rng = np.random.default_rng(seed)
+  names = [NAMES[i] for i in rng.permutation(len(NAMES))[:total]]
+  base = names[:num_base]
+  chain = names[num_base:num_base + depth]  # chain[0] is the query
+  distractors = names[num_base + depth:]
+
+  digits = rng.integers(0, 10, size=num_base)
+  lines = [f"{v}={int(d)}" for v, d in zip(base, digits)]
+  sink = base[int(rng.integers(0, num_base))]
+  targets = chain[1:] + [sink]
+  lines += [f"{a}={b}" for a, b in zip(chain, targets)]
+  pool = base + chain
+  for d in distractors:
+    lines.append(f"{d}={pool[int(rng.integers(0, len(pool)))]}")
+    pool.append(d)
+  lines = [lines[i] for i in rng.permutation(len(lines))]
+
+  query = chain[0]
+  answer = str(int(digits[base.index(sink)]))
+  return dict(prompt=format_prompt(lines, query), answer=answer, lines=lines, query=query)

@@ -1,0 +1,35 @@
+"""Shared helpers for the tests: tiny configs and recurrence parameters that do something."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t2mlr_jax import ModelConfig, T2MLRConfig, init_params
+
+
+def tiny_cfg(l_start=1, l_end=2, n_layers=4, **kw) -> ModelConfig:
+  rec = kw.pop("recurrence", T2MLRConfig(l_start=l_start, l_end=l_end, d_forward=4, d_backward=2))
+  base = dict(vocab_size=37, d_model=32, n_layers=n_layers, n_heads=4, n_kv_heads=2,
+              d_ff=64, max_seq_len=64, rope_theta=10000.0, recurrence=rec)
+  return ModelConfig(**{**base, **kw})
+
+
+def active_params(cfg, seed=0, gamma_rec=0.9, gamma_cur=0.4, gate_noise=0.5):
+  """Fresh params with the recurrence switched on (non-zero γ, non-trivial gate biases)."""
+  params = init_params(cfg, jax.random.PRNGKey(seed))
+  rp = dict(params["recurrence"])
+  k1, k2 = jax.random.split(jax.random.PRNGKey(seed + 1000))
+  rp["gamma_rec"] = jnp.float32(gamma_rec)
+  rp["gamma_cur"] = jnp.float32(gamma_cur)
+  rp["f_rec"] = {**rp["f_rec"], "bias": gate_noise * jax.random.normal(k1, rp["f_rec"]["bias"].shape)}
+  rp["f_cur"] = {**rp["f_cur"], "bias": gate_noise * jax.random.normal(k2, rp["f_cur"]["bias"].shape)}
+  return {**params, "recurrence": rp}
+
+
+def random_tokens(cfg, B, T, seed=0):
+  return np.asarray(jax.random.randint(jax.random.PRNGKey(seed), (B, T), 0, cfg.vocab_size),
+                    np.int32)
+
+
+def max_abs(a, b):
+  return float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))

@@ -1,0 +1,89 @@
+"""Configuration: presets, validation with clear errors, parameter counts."""
+
+import jax
+import numpy as np
+import pytest
+
+from t2mlr_jax import ModelConfig, T2MLRConfig, forward, init_params
+from _util import random_tokens, tiny_cfg
+
+
+def test_presets_and_replace():
+  cfg = ModelConfig.preset("smollm2-135m", recurrence=T2MLRConfig(l_start=13, l_end=18))
+  assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (30, 576, 9, 3, 64)
+  assert cfg.recurrent_block == (13, 18)
+  assert [s[1:] for s in cfg.segments] == [(0, 13), (13, 19), (19, 30)]
+  assert 134e6 < cfg.replace(recurrence=None).num_params() < 135e6
+  s5 = ModelConfig.preset("s5")
+  assert s5.rope_theta is None and not s5.tie_embeddings and s5.vocab_size == 188
+  assert hash(cfg) == hash(cfg.replace())      # hashable: a static jit argument
+  with pytest.raises(ValueError, match="preset"):
+    ModelConfig.preset("gpt-5")
+  with pytest.raises(ValueError, match="no field"):
+    cfg.replace(n_layer=3)
+
+
+def test_negative_indices_and_segments():
+  cfg = tiny_cfg(l_start=-3, l_end=-1, n_layers=4)
+  assert cfg.recurrent_block == (1, 3)
+  assert [s[0] for s in cfg.segments] == ["lower", "middle"]
+  assert tiny_cfg(l_start=0, l_end=3).segments == (("middle", 0, 4),)
+
+
+def test_num_params_matches_tree():
+  for cfg in (tiny_cfg(), tiny_cfg(tie_embeddings=True, qkv_bias=True),
+              tiny_cfg(recurrence=T2MLRConfig(l_start=0, l_end=1, cache_norm="rmsnorm"))):
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    assert sum(x.size for x in jax.tree.leaves(params)) == cfg.num_params()
+
+
+@pytest.mark.parametrize("build,field", [
+    (lambda: tiny_cfg(l_start=3, l_end=1), "l_start"),
+    (lambda: tiny_cfg(l_start=0, l_end=4), "l_end"),
+    (lambda: tiny_cfg(l_start=-5, l_end=1), "l_start"),
+    (lambda: T2MLRConfig(d_forward=2, d_backward=3), "d_backward"),
+    (lambda: T2MLRConfig(d_forward=0), "d_forward"),
+    (lambda: T2MLRConfig(cache_norm="layernorm"), "cache_norm"),
+    (lambda: T2MLRConfig(gate_init=1.0), "gate_init"),
+    (lambda: T2MLRConfig(jacobi_tol=0.0), "jacobi_tol"),
+    (lambda: tiny_cfg(n_kv_heads=3), "n_kv_heads"),
+    (lambda: tiny_cfg(dtype="float16"), "dtype"),
+    (lambda: tiny_cfg(n_layers=0), "n_layers"),
+    (lambda: tiny_cfg(rope_theta=None, rope_scaling={"factor": 8.0}), "rope_scaling"),
+    (lambda: tiny_cfg(rope_scaling={"rope_type": "yarn"}), "rope_type"),
+])
+def test_bad_config(build, field):
+  with pytest.raises(ValueError, match=field):
+    build()
+
+
+@pytest.fixture(scope="module")
+def model():
+  cfg = tiny_cfg()
+  return cfg, init_params(cfg, jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("tokens,kwargs,field", [
+    (np.full((2, 8), 37, np.int32), dict(mode="exact"), "vocab_size"),
+    (np.full((2, 8), -1, np.int32), dict(mode="exact"), "vocab_size"),
+    (np.zeros((2, 65), np.int32), dict(mode="exact"), "max_seq_len"),
+    (np.zeros((2, 8), np.int32), dict(mode="recurrent"), "mode"),
+    (np.zeros((2, 8), np.int32), dict(mode="jacobi", d_forward=2, d_backward=3), "d_backward"),
+    (np.zeros((2, 8), np.int32), dict(mode="jacobi", d_forward=0), "d_forward"),
+    (np.zeros((2, 8), np.int32), dict(mode="exact", control_flow=np.full((2, 8), 3)), "control_flow"),
+    (np.zeros((2, 8), np.int32), dict(mode="exact", control_flow=np.full((2, 7), 2)), "control_flow"),
+    (np.zeros((8,), np.int32), dict(mode="exact"), "tokens"),
+    (np.zeros((2, 8), np.float32), dict(mode="exact"), "tokens"),
+])
+def test_bad_forward_input(model, tokens, kwargs, field):
+  cfg, params = model
+  with pytest.raises(ValueError, match=field):
+    forward(params, cfg, tokens, **kwargs)
+
+
+def test_llama3_rope_scaling_runs():
+  cfg = tiny_cfg(rope_scaling={"factor": 8.0, "original_max_position_embeddings": 16})
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  out = forward(params, cfg, random_tokens(cfg, 1, 8), mode="parallel")
+  ref = forward(params, cfg.replace(rope_scaling=None), random_tokens(cfg, 1, 8), mode="parallel")
+  assert np.isfinite(out).all() and float(np.abs(out - ref).max()) > 0

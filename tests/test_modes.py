@@ -1,0 +1,167 @@
+"""The execution modes agree where they must (SPEC §3 exactness, §10 conventions)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import t2mlr_jax
+from t2mlr_jax import T2MLRConfig, forward, init_params
+from t2mlr_jax.losses import cross_entropy, next_token_labels
+from _util import active_params, max_abs, random_tokens, tiny_cfg
+
+B, T = 3, 12
+# Row 0: all recurrent. Row 1: a non-recurrent prompt of 4 then recurrent, with a
+# non-recurrent token inside. Row 2: left padding of 3, then mixed.
+CF = np.array([[2] * 12,
+               [1, 1, 1, 1, 2, 2, 2, 1, 2, 2, 2, 2],
+               [0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 2, 2]], np.int32)
+
+
+@pytest.mark.parametrize("l_start,l_end,n_layers,residual,cache_norm", [
+    (1, 2, 4, True, "clipped_rms"),
+    (0, 3, 4, True, "clipped_rms"),     # every layer recurrent: l_start=0, l_end=L-1
+    (0, 0, 3, False, "clipped_rms"),    # residual off
+    (2, -1, 4, True, "rmsnorm"),        # negative l_end, learned-gain norm
+    (1, 1, 3, True, "none"),
+])
+def test_jacobi_with_enough_sweeps_equals_exact(l_start, l_end, n_layers, residual, cache_norm):
+  rec = T2MLRConfig(l_start=l_start, l_end=l_end, residual=residual, cache_norm=cache_norm)
+  cfg = tiny_cfg(n_layers=n_layers, recurrence=rec)
+  params = active_params(cfg)
+  tokens = random_tokens(cfg, B, T)
+  exact = forward(params, cfg, tokens, mode="exact", control_flow=CF)
+  jac = forward(params, cfg, tokens, mode="jacobi", control_flow=CF, d_forward=T, d_backward=2)
+  assert max_abs(exact, jac) <= 1e-5
+  # ... and the recurrence is really on: exact differs from the plain model.
+  plain = forward(params, cfg, tokens, mode="parallel", control_flow=CF)
+  assert max_abs(exact, plain) > 1e-2
+
+
+def test_jacobi_prefix_exactness():
+  """After D_f - 1 middle sweeps, positions < D_f are exact and position D_f is not."""
+  cfg = tiny_cfg()
+  params = active_params(cfg)
+  tokens = random_tokens(cfg, 2, T)
+  exact = forward(params, cfg, tokens, mode="exact")
+  for d_f in (1, 3, 6):
+    jac = forward(params, cfg, tokens, mode="jacobi", d_forward=d_f, d_backward=1)
+    assert max_abs(exact[:, :d_f], jac[:, :d_f]) <= 1e-5
+    assert max_abs(exact[:, d_f], jac[:, d_f]) > 1e-4
+
+
+def test_packed_segments():
+  """Packed documents: each segment computes what it computes alone, in every mode."""
+  cfg = tiny_cfg()
+  params = active_params(cfg)
+  a, b = random_tokens(cfg, 1, 7, seed=1), random_tokens(cfg, 1, 5, seed=2)
+  packed = np.concatenate([a, b], axis=1)
+  seg = np.array([[0] * 7 + [1] * 5], np.int32)
+  for mode, kw in (("exact", {}), ("jacobi", dict(d_forward=12, d_backward=2)),
+                   ("parallel", {})):
+    together = forward(params, cfg, packed, mode=mode, segment_ids=seg, **kw)
+    alone_a = forward(params, cfg, a, mode=mode, **kw)
+    alone_b = forward(params, cfg, b, mode=mode, **kw)
+    assert max_abs(together[:, :7], alone_a) <= 1e-5, mode
+    assert max_abs(together[:, 7:], alone_b) <= 1e-5, mode
+
+
+def test_left_padding_matches_unpadded():
+  cfg = tiny_cfg()
+  params = active_params(cfg)
+  tokens = random_tokens(cfg, 1, 9)
+  padded = np.concatenate([np.zeros((1, 3), np.int32), tokens], axis=1)
+  cf = np.array([[0] * 3 + [2] * 9], np.int32)
+  pos = np.array([[0] * 3 + list(range(9))], np.int32)
+  for mode in ("exact", "jacobi"):
+    ref = forward(params, cfg, tokens, mode=mode, d_forward=9 if mode == "jacobi" else None)
+    out = forward(params, cfg, padded, mode=mode, control_flow=cf, positions=pos,
+                  d_forward=9 if mode == "jacobi" else None)
+    assert max_abs(out[:, 3:], ref) <= 1e-5, mode
+
+
+def test_gamma_zero_is_the_base_model():
+  cfg = tiny_cfg()
+  params = init_params(cfg, jax.random.PRNGKey(3))   # fresh: γ = 0
+  base_cfg = cfg.replace(recurrence=None)
+  base_params = {k: v for k, v in params.items() if k != "recurrence"}
+  tokens = random_tokens(cfg, 2, T)
+  base = forward(base_params, base_cfg, tokens, mode="parallel")
+  np.testing.assert_array_equal(forward(params, cfg, tokens, mode="parallel"), base)
+  assert max_abs(forward(params, cfg, tokens, mode="exact"), base) <= 1e-5
+  assert max_abs(forward(params, cfg, tokens, mode="jacobi"), base) <= 1e-5
+  # a plain model runs every mode as the plain transformer
+  np.testing.assert_array_equal(forward(base_params, base_cfg, tokens, mode="exact"), base)
+
+
+@pytest.mark.parametrize("mode", ["parallel", "exact", "jacobi"])
+def test_causality(mode):
+  cfg = tiny_cfg()
+  params = active_params(cfg)
+  tokens = random_tokens(cfg, 2, T)
+  ref = forward(params, cfg, tokens, mode=mode)
+  t = 6
+  changed = tokens.copy()
+  changed[:, t + 1:] = (changed[:, t + 1:] + 1) % cfg.vocab_size
+  out = forward(params, cfg, changed, mode=mode)
+  assert max_abs(out[:, :t + 1], ref[:, :t + 1]) <= 1e-6
+  assert max_abs(out[:, t + 1:], ref[:, t + 1:]) > 1e-4
+
+
+@pytest.mark.parametrize("mode", ["parallel", "exact", "jacobi"])
+def test_scanned_equals_unrolled(mode):
+  cfg = tiny_cfg()
+  params = active_params(cfg)
+  tokens = random_tokens(cfg, 2, 8)
+  scanned = forward(params, cfg, tokens, mode=mode, control_flow=CF[:2, :8])
+  unrolled = forward(params, cfg.replace(scan_layers=False), tokens, mode=mode,
+                     control_flow=CF[:2, :8])
+  assert max_abs(scanned, unrolled) <= 1e-5
+
+
+def test_exact_mode_is_differentiable_bptt():
+  """Exact mode trains by backpropagation through time; its gradient reaches γ_rec."""
+  cfg = tiny_cfg()
+  params = active_params(cfg)
+  tokens = jnp.asarray(random_tokens(cfg, 2, 8))
+
+  def loss(p, mode):
+    kw = dict(d_forward=8, d_backward=8) if mode == "jacobi" else {}
+    return cross_entropy(forward(p, cfg, tokens, mode=mode, **kw), next_token_labels(tokens))[0]
+
+  g_exact = jax.grad(loss)(params, "exact")
+  assert abs(float(g_exact["recurrence"]["gamma_rec"])) > 1e-6
+  # Jacobi with D_f = D_b = T has the exact forward but a different (truncated-residual
+  # free) gradient path; both are finite and nonzero.
+  g_jac = jax.grad(loss)(params, "jacobi")
+  assert np.isfinite(float(g_jac["recurrence"]["gamma_rec"]))
+
+
+def test_return_aux():
+  cfg = tiny_cfg()
+  params = active_params(cfg)
+  tokens = random_tokens(cfg, 2, T)
+  _, aux = forward(params, cfg, tokens, mode="jacobi", d_forward=T + 1, d_backward=2,
+                   return_aux=True)
+  assert int(aux["jacobi_sweeps"]) == T + 1
+  assert float(aux["jacobi_residual"]) <= 1e-5     # converged: the fixed point is reached
+  assert 0.0 < float(aux["gate_rec"]) < 1.0 and 0.0 < float(aux["gate_cur"]) < 1.0
+  _, aux = forward(params, cfg, tokens, mode="jacobi", d_forward=3, d_backward=1,
+                   return_aux=True)
+  assert int(aux["jacobi_sweeps"]) == 3 and float(aux["jacobi_residual"]) > 1e-3
+  _, aux = forward(params, cfg, tokens, mode="exact", return_aux=True)
+  assert set(aux) == {"gate_rec", "gate_cur"}
+
+
+def test_jacobi_tolerance_stops_early_and_matches():
+  cfg = tiny_cfg()
+  params = active_params(cfg, gamma_rec=0.3)
+  tokens = random_tokens(cfg, 2, T)
+  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=1e-6))
+  fixed, aux_f = forward(params, cfg, tokens, mode="jacobi", d_forward=40, d_backward=2,
+                         return_aux=True)
+  adaptive, aux_a = forward(params, tol_cfg, tokens, mode="jacobi", d_forward=40, d_backward=2,
+                            return_aux=True)
+  assert int(aux_f["jacobi_sweeps"]) == 40
+  assert int(aux_a["jacobi_sweeps"]) <= T + 3      # converges by T sweeps at the latest
+  assert max_abs(fixed, adaptive) <= 1e-5
