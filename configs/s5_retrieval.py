@@ -1,0 +1,50 @@
+"""T2MLR on S5-Retrieval (SPEC §5-6): the library's embedded default job.
+
+Variants (`--config=configs/s5_retrieval.py:VARIANT`):
+  (default)  a CPU-sized run, see README "S5 experiments" for what it learns
+  tiny       seconds on CPU, for tests
+  paper      the official setting (S5, 6 layers, H 384, NoPE, 400k steps,
+             train 1-32 / test 1-48 actions) for accelerators
+"""
+
+from t2mlr_jax.train.config import base_config
+
+
+def get_config(variant: str = ""):
+  c = base_config()
+  c.name = "s5_retrieval"
+  c.data.task = "s5_retrieval"
+  r = c.model.recurrence
+  r.type, r.l_start, r.l_end, r.d_forward, r.d_backward = "t2mlr", 1, -2, 16, 4
+  c.optimizer.update(lr=5e-4, b2=0.95, weight_decay=0.01, warmup_frac=0.05)
+  if variant == "paper":
+    c.model.update(vocab_size=188, d_model=384, n_layers=6, n_heads=6, d_ff=1536,
+                   max_seq_len=1024, tie_embeddings=False)
+    c.model.rope_theta = None                 # NoPE, as the official S5 run
+    c.data.update(group="S5", min_actions=1, max_actions=32, eval_min_actions=1,
+                  eval_max_actions=48, eval_examples_per_length=100)
+    c.train.update(num_steps=400_000, batch_size=16, seq_len=328, eval_every=10_000,
+                   checkpoint_every=5_000, log_every=100)
+  elif variant == "tiny":
+    c.model.update(vocab_size=188, d_model=32, n_layers=3, n_heads=2, d_ff=64,
+                   max_seq_len=128, tie_embeddings=False)
+    c.model.rope_theta = None
+    r.update(l_start=1, l_end=1, d_forward=4, d_backward=2)
+    c.data.update(group="S3", min_actions=1, max_actions=4, eval_lengths="2,6",
+                  eval_examples_per_length=4, eval_batch_size=8)
+    c.train.update(num_steps=6, batch_size=8, seq_len=48, eval_every=6, checkpoint_every=3,
+                   log_every=1, async_checkpointing=False)
+  elif variant == "":
+    # CPU default: the S5-Retrieval structure on the group S3 (see README).
+    c.model.update(vocab_size=188, d_model=64, n_layers=4, n_heads=4, d_ff=256,
+                   max_seq_len=512, tie_embeddings=False)
+    c.model.rope_theta = None
+    r.update(l_start=1, l_end=2, d_forward=8, d_backward=4)
+    c.optimizer.update(lr=3e-3, b2=0.98)
+    c.data.update(group="S3", min_actions=1, max_actions=16, eval_lengths="4,8,16,24,32",
+                  eval_examples_per_length=64, eval_batch_size=64)
+    c.train.update(num_steps=2000, batch_size=32, seq_len=168, eval_every=500,
+                   checkpoint_every=250, log_every=25)
+  else:
+    raise ValueError(f"unknown variant {variant!r}: allowed '', 'tiny', 'paper'")
+  return c

@@ -1,0 +1,156 @@
+"""Orbax checkpoints of a training run, and the public loader for eval scripts.
+
+A checkpoint step holds five items:
+
+    params     the model parameters (sharded arrays)
+    train      {step, opt_state, nonfinite_step}
+    data       the Grain iterator state (one JSON per process)
+    config     the experiment config as JSON
+    meta       {format_version, library version, step}
+
+Saves are asynchronous and atomic (Orbax writes to a temporary directory and
+renames it when complete), keeping the latest `max_to_keep`. Restores go
+straight into the abstract sharded layout the caller provides.
+
+    cfg, params = t2mlr_jax.checkpoint.load("workdirs/s5")     # latest step
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import jax
+import orbax.checkpoint as ocp
+from ml_collections import config_dict
+
+FORMAT_VERSION = 1
+ITEMS = ("params", "train", "data", "config", "meta")
+
+
+def _library_version() -> str:
+  from t2mlr_jax import __version__
+  return __version__
+
+
+class Checkpointer:
+  """A CheckpointManager over `workdir/checkpoints` for one training run."""
+
+  def __init__(self, workdir: str, *, max_to_keep: int = 3, async_save: bool = True,
+               read_only: bool = False):
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    if read_only and not os.path.isdir(self.directory):
+      raise ValueError(f"no checkpoint found under {self.directory} (is --workdir right?)")
+    # read_only: never save or clean up (Orbax's own read_only mode only adds warnings)
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=ocp.checkpoint_managers.LatestN(max_to_keep),
+        enable_async_checkpointing=async_save, create=not read_only,
+        cleanup_tmp_directories=not read_only)
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+  def latest_step(self) -> Optional[int]:
+    return self.manager.latest_step()
+
+  def all_steps(self):
+    return list(self.manager.all_steps())
+
+  def save(self, step: int, state, data_iterator, config: dict) -> None:
+    """Save (asynchronously) the train state, data iterator and config at `step`."""
+    import grain
+    meta = {"format_version": FORMAT_VERSION, "library_version": _library_version(),
+            "step": int(step)}
+    train = {"step": state.step, "opt_state": state.opt_state,
+             "nonfinite_step": state.nonfinite_step}
+    args = ocp.args.Composite(
+        params=ocp.args.StandardSave(state.params), train=ocp.args.StandardSave(train),
+        data=grain.checkpoint.CheckpointSave(data_iterator),
+        config=ocp.args.JsonSave(config), meta=ocp.args.JsonSave(meta))
+    self.manager.save(int(step), args=args, force=True)
+
+  def read_json(self, step: int, item: str) -> dict:
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        **{item: ocp.args.JsonRestore()}))
+    return dict(restored[item])
+
+  def check_format(self, step: int) -> dict:
+    meta = self.read_json(step, "meta")
+    if meta.get("format_version") != FORMAT_VERSION:
+      raise ValueError(f"checkpoint {self.directory}/{step} has format_version="
+                       f"{meta.get('format_version')!r}: this library reads format_version="
+                       f"{FORMAT_VERSION}")
+    return meta
+
+  def restore(self, step: int, abstract_state, data_iterator):
+    """The train state at `step`, restored into `abstract_state`'s shapes and shardings
+    (a TrainState of jax.ShapeDtypeStruct); the data iterator is restored in place."""
+    import grain
+    self.check_format(step)
+    train_abstract = {"step": abstract_state.step, "opt_state": abstract_state.opt_state,
+                      "nonfinite_step": abstract_state.nonfinite_step}
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract_state.params),
+        train=ocp.args.StandardRestore(train_abstract),
+        data=grain.checkpoint.CheckpointRestore(data_iterator)))
+    train = restored["train"]
+    return abstract_state.replace(step=train["step"], params=restored["params"],
+                                  opt_state=train["opt_state"],
+                                  nonfinite_step=train["nonfinite_step"])
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def with_shardings(abstract_tree, shardings):
+  """ShapeDtypeStructs carrying the target shardings (the restore layout)."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract_tree, shardings)
+
+
+def load(workdir: str, step: Optional[int] = None):
+  """(model config, params) of a training run's checkpoint (latest step by default).
+
+  The params are single-device (default device) arrays; no optimizer state
+  or data iterator is read. For downstream evaluation scripts:
+
+      cfg, params = load("workdirs/s5")
+      logits = t2mlr_jax.forward(params, cfg, tokens, mode="exact")
+  """
+  from t2mlr_jax.train.config import model_config
+  from t2mlr_jax.model.api import init_model
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    if step is None:
+      step = ckpt.latest_step()
+      if step is None:
+        raise ValueError(f"no checkpoint found under {ckpt.directory}")
+    elif step not in ckpt.all_steps():
+      raise ValueError(f"step={step} is not saved in {ckpt.directory}: allowed one of "
+                       f"{sorted(ckpt.all_steps())}")
+    ckpt.check_format(step)
+    cfg = model_config(config_dict.ConfigDict(ckpt.read_json(step, "config")))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.eval_shape(lambda: init_model(cfg, jax.random.PRNGKey(0)))
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                            abstract)
+    restored = ckpt.manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract)))
+    return cfg, restored["params"]
+  finally:
+    ckpt.manager.close()
+
+
+def load_config(workdir: str, step: Optional[int] = None) -> config_dict.ConfigDict:
+  """The experiment config saved with a checkpoint (latest step by default)."""
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+      raise ValueError(f"no checkpoint found under {ckpt.directory}")
+    return config_dict.ConfigDict(ckpt.read_json(step, "config"))
+  finally:
+    ckpt.manager.close()
+

@@ -1,0 +1,1 @@
+"""Task metrics and evaluation loops (computed with the exact recurrence)."""

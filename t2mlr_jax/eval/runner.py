@@ -1,0 +1,35 @@
+"""Evaluation loop: exact-recurrence logits over fixed batches, loss and task metrics."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t2mlr_jax.losses import IGNORE
+from t2mlr_jax.model.api import AnyModelConfig, apply_model
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mode"))
+def _eval_batch(params, batch, cfg, mode):
+  """Greedy predictions, summed NLL and supervised-token count of one batch."""
+  logits = apply_model(params, cfg, batch, mode)[0]
+  labels = batch["target_ids"]
+  valid = labels != IGNORE
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
+  return jnp.argmax(logits, -1), jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(valid)
+
+
+def evaluate(params, cfg: AnyModelConfig, batches, metrics_factory, mode: str = "exact") -> dict:
+  """{'loss': mean NLL over supervised tokens, **task metrics} over `batches`."""
+  acc = metrics_factory()
+  nll_sum, count = 0.0, 0
+  for batch in batches:
+    pred, nll, n = _eval_batch(params, {k: jnp.asarray(v) for k, v in batch.items()}, cfg, mode)
+    acc.update(np.asarray(pred), batch)
+    nll_sum += float(nll)
+    count += int(n)
+  return {"loss": nll_sum / max(count, 1), **acc.result()}

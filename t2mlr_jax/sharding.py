@@ -1,0 +1,114 @@
+"""Device mesh over ('data', 'fsdp', 'tensor') and the partition-spec table.
+
+Every parameter kind has a row of logical axes; logical axes map to mesh axes.
+A dimension its mesh axis does not divide (e.g. 9 heads on tensor=2) is
+replicated instead. Optimizer state mirrors the parameters: any leaf whose path
+ends in a parameter path gets that parameter's spec; everything else (step
+counters, scalars) is replicated.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from t2mlr_jax.config import ModelConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")   # the batch dimension is split over both
+
+# parameter path (regex on "a/b/c") -> logical axis per dimension
+PARAM_RULES: tuple[tuple[str, tuple[Optional[str], ...]], ...] = (
+    (r"embed/embedding$", ("vocab", "embed")),
+    (r"lm_head/kernel$", ("embed", "vocab")),
+    (r"attn/q/kernel$", ("layers", "embed", "q_heads")),
+    (r"attn/(k|v)/kernel$", ("layers", "embed", "kv_heads")),
+    (r"attn/q/bias$", ("layers", "q_heads")),
+    (r"attn/(k|v)/bias$", ("layers", "kv_heads")),
+    (r"attn/o/kernel$", ("layers", "q_heads", "embed")),
+    (r"mlp/(gate|up)/kernel$", ("layers", "embed", "mlp")),
+    (r"mlp/down/kernel$", ("layers", "mlp", "embed")),
+    (r"recurrence/(w_rec|f_rec|f_cur)/kernel$", ("embed", None)),
+    (r"lstm/.*kernel$", ("embed", "mlp")),
+)
+LOGICAL_TO_MESH = {"vocab": "tensor", "embed": "fsdp", "q_heads": "tensor",
+                   "kv_heads": "tensor", "mlp": "tensor", "layers": None}
+
+
+def make_mesh(shape: Mapping[str, int], devices: Optional[Sequence[Any]] = None) -> Mesh:
+  """A mesh over MESH_AXES; one entry may be -1 (all remaining devices)."""
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = {ax: int(shape.get(ax, 1)) for ax in MESH_AXES}
+  unknown = sorted(set(shape) - set(MESH_AXES))
+  if unknown:
+    raise ValueError(f"mesh has unknown axes {unknown}: allowed {MESH_AXES}")
+  free = [ax for ax, s in sizes.items() if s == -1]
+  if len(free) > 1:
+    raise ValueError(f"mesh: at most one axis may be -1, got {free}")
+  for ax, s in sizes.items():
+    if s == 0 or s < -1:
+      raise ValueError(f"mesh.{ax}={s} is invalid: allowed a positive size or -1")
+  fixed = math.prod(s for s in sizes.values() if s != -1)
+  if free:
+    if len(devices) % fixed:
+      raise ValueError(f"mesh {sizes}: {len(devices)} devices are not divisible by the "
+                       f"fixed axes' product {fixed}")
+    sizes[free[0]] = len(devices) // fixed
+  if math.prod(sizes.values()) != len(devices):
+    raise ValueError(f"mesh shape {sizes} needs {math.prod(sizes.values())} devices but "
+                     f"{len(devices)} are available: allowed shapes whose product is "
+                     f"{len(devices)} (use -1 for one axis)")
+  arr = np.asarray(devices).reshape([sizes[a] for a in MESH_AXES])
+  return Mesh(arr, MESH_AXES)
+
+
+def _path_str(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+                  for k in path)
+
+
+def _logical_size(cfg: Optional[ModelConfig], logical: str, dim_size: int) -> int:
+  """The count a mesh axis must divide: heads for head dims, else the dim size."""
+  if cfg is not None and logical == "q_heads":
+    return cfg.n_heads
+  if cfg is not None and logical == "kv_heads":
+    return cfg.n_kv_heads
+  return dim_size
+
+
+def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
+             cfg: Optional[ModelConfig] = None) -> P:
+  """The PartitionSpec of one array from the rule table (replicated if no rule)."""
+  for pattern, logical_axes in PARAM_RULES:
+    if re.search(pattern, path) and len(logical_axes) == len(shape):
+      axes = []
+      for logical, size in zip(logical_axes, shape):
+        mesh_axis = LOGICAL_TO_MESH.get(logical) if logical else None
+        n = mesh.shape[mesh_axis] if mesh_axis else 1
+        count = _logical_size(cfg, logical, size) if logical else size
+        ok = mesh_axis is not None and n > 1 and count % n == 0 and size % n == 0
+        axes.append(mesh_axis if ok else None)
+      return P(*axes)
+  return P()
+
+
+def tree_shardings(tree, mesh: Mesh, cfg: Optional[ModelConfig] = None):
+  """NamedShardings for every leaf of a params / train-state tree (arrays or shapes)."""
+  def one(path, leaf):
+    shape = getattr(leaf, "shape", ())
+    return NamedSharding(mesh, spec_for(_path_str(path), shape, mesh, cfg))
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+  """Batch-major arrays: the batch split over ('data', 'fsdp'), the rest replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def batch_divisor(mesh: Mesh) -> int:
+  return mesh.shape["data"] * mesh.shape["fsdp"]

@@ -1,0 +1,1 @@
+"""Training: experiment config, optimizer, train step, tasks, metrics, the loop."""

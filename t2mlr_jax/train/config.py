@@ -1,0 +1,158 @@
+"""The experiment config (ml_collections) and its translation to typed model configs.
+
+An experiment config has the groups `model`, `train`, `optimizer`, `data`,
+`mesh`. `base_config()` holds every field with its default; files in
+`configs/` start from it and set what they need. `validate()` checks values
+before anything is compiled and names the offending field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from ml_collections import config_dict
+
+from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax.model.lstm import LSTMConfig
+
+ARCHS = ("transformer", "lstm")
+RECURRENCE_TYPES = ("none", "t2mlr", "lrt")
+TRAIN_MODES = ("auto", "jacobi", "exact", "parallel")
+OPTIMIZERS = ("adamw",)
+# Fields a resumed run may change; any other difference is refused.
+RESUME_MUTABLE = ("train.stop_after_steps", "train.eval_every", "train.checkpoint_every",
+                  "train.log_every")
+
+
+def base_config() -> config_dict.ConfigDict:
+  c = config_dict.ConfigDict()
+  c.model = dict(
+      arch="transformer", vocab_size=256, d_model=64, n_layers=4, n_heads=4,
+      n_kv_heads=config_dict.placeholder(int), d_ff=128,
+      head_dim=config_dict.placeholder(int), max_seq_len=2048,
+      rope_theta=config_dict.placeholder(float), rms_norm_eps=1e-5, tie_embeddings=False,
+      qkv_bias=False, init_std=0.02, dtype="float32", remat="none", scan_layers=True,
+      recurrence=dict(type="t2mlr", l_start=1, l_end=-2, d_forward=16, d_backward=4,
+                      jacobi_tol=config_dict.placeholder(float), residual=True,
+                      residual_detach=True, cache_norm="clipped_rms", gate_init=0.5,
+                      gate_gain=1.0))
+  c.model.rope_theta = 10000.0
+  c.train = dict(
+      num_steps=1000, stop_after_steps=config_dict.placeholder(int), batch_size=16,
+      seq_len=256, eval_every=500, checkpoint_every=500, log_every=50, seed=0,
+      mode="auto", max_to_keep=3, async_checkpointing=True)
+  c.optimizer = dict(name="adamw", lr=5e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01,
+                     warmup_frac=0.05, min_lr_frac=0.01, grad_clip=1.0,
+                     recurrence_lr_mult=1.0)
+  c.data = dict(task="s5_retrieval", group="S5", min_actions=1, max_actions=32,
+                eval_min_actions=1, eval_max_actions=48, eval_lengths=config_dict.placeholder(str),
+                eval_examples_per_length=32, eval_batch_size=64, value_len=4,
+                dict_size=config_dict.placeholder(int), retrieval=True,
+                curriculum_start=config_dict.placeholder(int), curriculum_steps=0,
+                shuffle=False, num_threads=1, prefetch=4)
+  c.mesh = dict(data=-1, fsdp=1, tensor=1)
+  return c
+
+
+def _fail(field: str, value: Any, allowed: str):
+  raise ValueError(f"config field {field}={value!r} is invalid: allowed {allowed}")
+
+
+def model_config(config) -> Union[ModelConfig, LSTMConfig]:
+  """The typed model config (transformer with optional recurrence, or LSTM)."""
+  m = config.model
+  if m.arch not in ARCHS:
+    _fail("model.arch", m.arch, f"one of {ARCHS}")
+  if m.arch == "lstm":
+    return LSTMConfig(vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers,
+                      tie_embeddings=m.tie_embeddings, init_std=m.init_std,
+                      max_seq_len=m.max_seq_len)
+  r = m.recurrence
+  if r.type not in RECURRENCE_TYPES:
+    _fail("model.recurrence.type", r.type, f"one of {RECURRENCE_TYPES}")
+  if r.type == "lrt":
+    _fail("model.recurrence.type", r.type, "'none' or 't2mlr' (LRT is not implemented yet)")
+  rec = None
+  if r.type == "t2mlr":
+    rec = T2MLRConfig(l_start=r.l_start, l_end=r.l_end, d_forward=r.d_forward,
+                      d_backward=r.d_backward, jacobi_tol=r.jacobi_tol, residual=r.residual,
+                      residual_detach=r.residual_detach, cache_norm=r.cache_norm,
+                      gate_init=r.gate_init, gate_gain=r.gate_gain)
+  return ModelConfig(
+      vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+      n_kv_heads=m.n_kv_heads, d_ff=m.d_ff, head_dim=m.head_dim, max_seq_len=m.max_seq_len,
+      rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps, tie_embeddings=m.tie_embeddings,
+      qkv_bias=m.qkv_bias, init_std=m.init_std, dtype=m.dtype, remat=m.remat,
+      scan_layers=m.scan_layers, recurrence=rec)
+
+
+def train_mode(config, cfg) -> str:
+  """The forward mode of the train step: jacobi for T2MLR, parallel otherwise."""
+  mode = config.train.mode
+  if mode not in TRAIN_MODES:
+    _fail("train.mode", mode, f"one of {TRAIN_MODES}")
+  has_rec = isinstance(cfg, ModelConfig) and cfg.recurrence is not None
+  if mode == "auto":
+    return "jacobi" if has_rec else "parallel"
+  return mode
+
+
+def validate(config):
+  """Check every group before anything is compiled; returns the typed model config.
+
+  Errors name the field (e.g. `train.num_steps`) and the allowed values. The
+  model fields are validated by the typed config's own checks.
+  """
+  for name in ("train", "optimizer", "data", "mesh", "model"):
+    if name not in config:
+      _fail(name, None, "a config group (see t2mlr_jax.train.config.base_config)")
+  t, o = config.train, config.optimizer
+  for field in ("num_steps", "batch_size", "seq_len", "eval_every", "checkpoint_every",
+                "log_every", "max_to_keep"):
+    value = t[field]
+    if not isinstance(value, int) or value < 1:
+      _fail(f"train.{field}", value, "an integer >= 1")
+  if t.stop_after_steps is not None and not 1 <= t.stop_after_steps <= t.num_steps:
+    _fail("train.stop_after_steps", t.stop_after_steps,
+          f"None or an integer in [1, train.num_steps={t.num_steps}]")
+  if o.name not in OPTIMIZERS:
+    _fail("optimizer.name", o.name, f"one of {OPTIMIZERS}")
+  if not o.lr > 0:
+    _fail("optimizer.lr", o.lr, "> 0")
+  if not 0 <= o.warmup_frac < 1:
+    _fail("optimizer.warmup_frac", o.warmup_frac, "a fraction in [0, 1)")
+  if not 0 <= o.min_lr_frac <= 1:
+    _fail("optimizer.min_lr_frac", o.min_lr_frac, "a fraction in [0, 1]")
+  for field in ("b1", "b2"):
+    if not 0 <= o[field] < 1:
+      _fail(f"optimizer.{field}", o[field], "in [0, 1)")
+  if o.weight_decay < 0:
+    _fail("optimizer.weight_decay", o.weight_decay, ">= 0")
+  if o.grad_clip is not None and not o.grad_clip > 0:
+    _fail("optimizer.grad_clip", o.grad_clip, "None or > 0")
+  if not o.recurrence_lr_mult > 0:
+    _fail("optimizer.recurrence_lr_mult", o.recurrence_lr_mult, "> 0")
+  cfg = model_config(config)
+  train_mode(config, cfg)
+  if t.seq_len > cfg.max_seq_len:
+    _fail("train.seq_len", t.seq_len, f"<= model.max_seq_len={cfg.max_seq_len}")
+  return cfg
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    key = f"{prefix}{k}"
+    if isinstance(v, dict):
+      out.update(flatten(v, key + "."))
+    else:
+      out[key] = v
+  return out
+
+
+def resume_conflicts(saved: dict, current: dict) -> list[str]:
+  """Dotted fields that differ between a saved and the current config, except
+  those a resumed run may change (RESUME_MUTABLE)."""
+  a, b = flatten(saved), flatten(current)
+  return sorted(k for k in set(a) | set(b)
+                if k not in RESUME_MUTABLE and a.get(k, "<missing>") != b.get(k, "<missing>"))

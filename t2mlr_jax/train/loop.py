@@ -1,0 +1,189 @@
+"""The training loop: config -> sharded state -> steps, logs, evals, checkpoints.
+
+Resumes automatically from the latest checkpoint in the workdir (refusing a
+config that differs in anything but the cadences and `stop_after_steps`).
+SIGTERM/SIGINT finish the current step, save a checkpoint and return. A
+non-finite loss stops the run with NonFiniteLossError without saving, so the
+last good checkpoint stays the latest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import time
+
+import jax
+import numpy as np
+from absl import logging
+
+from t2mlr_jax import checkpoint as ckpt_lib
+from t2mlr_jax import sharding
+from t2mlr_jax.data.pipeline import make_iterator
+from t2mlr_jax.eval.runner import evaluate
+from t2mlr_jax.train import config as config_lib
+from t2mlr_jax.train import tasks as tasks_lib
+from t2mlr_jax.train.metrics import MetricsWriter, Progress
+from t2mlr_jax.train.optimizer import make_optimizer
+from t2mlr_jax.train.step import abstract_state, create_state, make_train_step, state_shardings
+
+
+class NonFiniteLossError(RuntimeError):
+  pass
+
+
+class _StopSignal:
+  """Turns SIGTERM/SIGINT into a flag the loop checks after each step."""
+
+  def __init__(self):
+    self.received = None
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:      # not the main thread: no handlers
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    self.received = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def _record_run(workdir, config):
+  import t2mlr_jax
+  info = {"library_version": t2mlr_jax.__version__, "jax_version": jax.__version__,
+          "devices": [str(d) for d in jax.devices()], "process_count": jax.process_count(),
+          "python": platform.python_version(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(config.to_dict(), f, indent=2)
+  with open(os.path.join(workdir, "run_info.json"), "w") as f:
+    json.dump(info, f, indent=2)
+
+
+def _say(message: str) -> None:
+  """A status line for the console (process 0 only), above the progress bar."""
+  if jax.process_index() == 0:
+    from tqdm import tqdm
+    tqdm.write(message)
+  logging.info("%s", message)
+
+
+def _global_batch(batch, data_sharding):
+  return {k: jax.make_array_from_process_local_data(data_sharding, np.asarray(v))
+          for k, v in batch.items()}
+
+
+def _check_finite(state, ckpt):
+  bad = int(jax.device_get(state.nonfinite_step))
+  if bad >= 0:
+    last = ckpt.latest_step()
+    raise NonFiniteLossError(
+        f"non-finite loss or gradient at step {bad + 1}: stopping without saving; the last "
+        f"good checkpoint is step {last} (lower optimizer.lr or check the data)")
+
+
+def train(config, workdir: str, *, progress: bool = True) -> dict:
+  """Train (or resume) per `config` in `workdir`; returns the last logged metrics."""
+  cfg = config_lib.validate(config)
+  task = tasks_lib.get_task(config)
+  tasks_lib.validate_data(config, task)
+  t = config.train
+  mesh = sharding.make_mesh(dict(config.mesh))
+  if t.batch_size % sharding.batch_divisor(mesh):
+    raise ValueError(f"config field train.batch_size={t.batch_size} is invalid: allowed "
+                     f"multiples of mesh data*fsdp={sharding.batch_divisor(mesh)}")
+  mode = config_lib.train_mode(config, cfg)
+  tx, schedule = make_optimizer(config.optimizer, t.num_steps)
+  os.makedirs(workdir, exist_ok=True)
+  is_main = jax.process_index() == 0
+
+  ckpt = ckpt_lib.Checkpointer(workdir, max_to_keep=t.max_to_keep,
+                               async_save=t.async_checkpointing)
+  source = task.train_source(config, t.num_steps * t.batch_size)
+  data_iter = make_iterator(source, global_batch=t.batch_size, seq_len=t.seq_len,
+                            shuffle=config.data.shuffle, seed=t.seed,
+                            num_threads=config.data.num_threads, prefetch=config.data.prefetch)
+  shardings = state_shardings(cfg, tx, mesh)
+  writer = MetricsWriter(workdir, enabled=is_main)
+  latest = ckpt.latest_step()
+  if latest is not None:
+    saved = ckpt.read_json(latest, "config")
+    conflicts = config_lib.resume_conflicts(saved, config.to_dict())
+    if conflicts:
+      detail = ", ".join(f"{k}: saved {config_lib.flatten(saved).get(k)!r} vs now "
+                         f"{config_lib.flatten(config.to_dict()).get(k)!r}" for k in conflicts)
+      raise ValueError(f"{workdir} holds a run with a different config; refusing to resume "
+                       f"(only {', '.join(config_lib.RESUME_MUTABLE)} may change): {detail}")
+    target = ckpt_lib.with_shardings(abstract_state(cfg, tx), shardings)
+    state = ckpt.restore(latest, target, data_iter)
+    writer.truncate_after(latest)
+    _say(f"resumed from step {latest} in {workdir}")
+  else:
+    state = create_state(cfg, tx, jax.random.PRNGKey(t.seed), mesh)
+  if is_main:
+    _record_run(workdir, config)
+
+  train_step = make_train_step(cfg, tx, schedule, mode, mesh)
+  data_sharding = sharding.batch_sharding(mesh)
+  eval_batches = None
+  step = int(jax.device_get(state.step))
+  stop_at = t.num_steps if t.stop_after_steps is None else t.stop_after_steps
+  tokens_per_step = t.batch_size * t.seq_len
+  bar = Progress(t.num_steps, step, enabled=progress and is_main)
+  window, last = [], {}
+  window_start = time.perf_counter()
+  saved_step = latest
+
+  def save(step):
+    nonlocal saved_step
+    _check_finite(state, ckpt)
+    ckpt.save(step, state, data_iter, config.to_dict())
+    saved_step = step
+
+  try:
+    with _StopSignal() as stop:
+      while step < stop_at:
+        batch = _global_batch(next(data_iter), data_sharding)
+        state, metrics = train_step(state, batch)
+        step += 1
+        window.append(metrics)
+        if step % t.log_every == 0 or step == stop_at or stop.received:
+          _check_finite(state, ckpt)
+          fetched = jax.device_get(window)
+          elapsed = time.perf_counter() - window_start
+          last = {k: float(np.mean([m[k] for m in fetched])) if k == "loss"
+                  else float(np.asarray(fetched[-1][k])) for k in fetched[-1]}
+          last["loss_last"] = float(np.asarray(fetched[-1]["loss"]))
+          last["tokens_per_sec"] = len(window) * tokens_per_step / max(elapsed, 1e-9)
+          last["steps_per_sec"] = len(window) / max(elapsed, 1e-9)
+          writer.write(step, last)
+          bar.update(len(window), loss=last["loss"], tok_s=int(last["tokens_per_sec"]))
+          window, window_start = [], time.perf_counter()
+        if step % t.eval_every == 0 or step == t.num_steps:
+          if eval_batches is None:
+            eval_batches = task.eval_batches(config)
+          results = evaluate(state.params, cfg, eval_batches, task.metrics)
+          writer.write(step, results, kind="eval")
+          _say(f"step {step} eval: " + ", ".join(
+              f"{k}={v:.4g}" for k, v in results.items() if isinstance(v, float)))
+          window_start = time.perf_counter()
+        if step % t.checkpoint_every == 0 or step == stop_at or stop.received:
+          save(step)
+        if stop.received:
+          _say(f"received {stop.received}: saved step {step}, exiting")
+          break
+      if saved_step != step:
+        save(step)
+  finally:
+    bar.close()
+    ckpt.close()
+    writer.close()
+  return last

@@ -1,0 +1,106 @@
+"""Training metrics: metrics.jsonl, TensorBoard event files, a console progress bar."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping, Optional
+
+import numpy as np
+
+
+def _scalars(metrics: Mapping, prefix: str = "") -> dict:
+  """Flatten nested metric dicts into {name: float} (non-scalars are skipped)."""
+  out = {}
+  for key, value in metrics.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, Mapping):
+      out.update(_scalars(value, name + "/"))
+    else:
+      arr = np.asarray(value)
+      if arr.size == 1:
+        out[name] = float(arr.reshape(()))
+  return out
+
+
+def quiet_absl_logs() -> None:
+  """Orbax logs every checkpoint step at INFO: keep command-line runs to warnings
+  unless --verbosity was given."""
+  from absl import flags, logging
+  if "verbosity" in flags.FLAGS and not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+
+
+class MetricsWriter:
+  """Appends one JSON line per record to workdir/metrics.jsonl and mirrors scalars
+  to TensorBoard (workdir/tensorboard); only process 0 writes."""
+
+  def __init__(self, workdir: str, *, enabled: bool = True):
+    self.enabled = enabled
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._tb = None
+    if enabled:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def truncate_after(self, step: int) -> None:
+    """Drop records beyond `step` (logged after the checkpoint a run resumes from)."""
+    if not self.enabled or not os.path.exists(self.path):
+      return
+    with open(self.path) as f:
+      keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+    with open(self.path, "w") as f:
+      f.writelines(keep)
+
+  def write(self, step: int, metrics: Mapping, kind: str = "train") -> None:
+    if not self.enabled:
+      return
+    record = {"step": int(step), "kind": kind, **_to_json(metrics)}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    for name, value in _scalars(metrics, f"{kind}/").items():
+      self._tb.add_scalar(name, value, int(step))
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _to_json(value):
+  if isinstance(value, Mapping):
+    return {str(k): _to_json(v) for k, v in value.items()}
+  arr = np.asarray(value)
+  if arr.dtype.kind in "fiub" and arr.size == 1:
+    return arr.reshape(()).item()
+  if arr.dtype.kind in "fiub":
+    return arr.tolist()
+  return value
+
+
+def read_metrics(workdir: str, kind: Optional[str] = "train") -> list[dict]:
+  """The records of a run's metrics.jsonl (of one kind, or all with kind=None)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return [r for r in records if kind is None or r.get("kind") == kind]
+
+
+class Progress:
+  """A tqdm bar over training steps showing loss, tokens/s and the ETA."""
+
+  def __init__(self, total: int, initial: int, enabled: bool = True):
+    self.bar = None
+    if enabled:
+      from tqdm import tqdm
+      self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+  def update(self, steps: int, **postfix) -> None:
+    if self.bar is not None:
+      self.bar.update(steps)
+      if postfix:
+        self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v)
+                              for k, v in postfix.items()}, refresh=False)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
