@@ -128,8 +128,8 @@ def validate(config):
       _fail(f"optimizer.{field}", o[field], "in [0, 1)")
   if o.weight_decay < 0:
     _fail("optimizer.weight_decay", o.weight_decay, ">= 0")
-  if o.grad_clip is not None and not o.grad_clip > 0:
-    _fail("optimizer.grad_clip", o.grad_clip, "None or > 0")
+  if not o.grad_clip >= 0:
+    _fail("optimizer.grad_clip", o.grad_clip, ">= 0 (0 disables clipping)")
   if not o.recurrence_lr_mult > 0:
     _fail("optimizer.recurrence_lr_mult", o.recurrence_lr_mult, "> 0")
   cfg = model_config(config)

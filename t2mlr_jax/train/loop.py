@@ -85,9 +85,11 @@ def _check_finite(state, ckpt):
   bad = int(jax.device_get(state.nonfinite_step))
   if bad >= 0:
     last = ckpt.latest_step()
+    kept = (f"the last good checkpoint is step {last}" if last is not None
+            else "no checkpoint had been saved yet")
     raise NonFiniteLossError(
-        f"non-finite loss or gradient at step {bad + 1}: stopping without saving; the last "
-        f"good checkpoint is step {last} (lower optimizer.lr or check the data)")
+        f"non-finite loss or gradient at step {bad + 1}: stopping without saving; {kept} "
+        "(lower optimizer.lr or check the data)")
 
 
 def train(config, workdir: str, *, progress: bool = True) -> dict:

@@ -44,7 +44,7 @@ def make_optimizer(opt_config, num_steps: int):
   """(optax transform, schedule). The transform is mask-aware by tree structure."""
   schedule = make_schedule(opt_config, num_steps)
   parts = []
-  if opt_config.grad_clip is not None:
+  if opt_config.grad_clip:
     parts.append(optax.clip_by_global_norm(opt_config.grad_clip))
   parts.append(optax.adamw(schedule, b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps,
                            weight_decay=opt_config.weight_decay, mask=decay_mask))

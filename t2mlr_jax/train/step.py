@@ -66,7 +66,7 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh):
 
   def step(state: TrainState, batch):
     (loss, (aux, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (state.nonfinite_step < 0)

@@ -1,0 +1,74 @@
+"""Mesh construction, the partition-spec table, and sharded == single-device training."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from t2mlr_jax import ModelConfig, T2MLRConfig, sharding
+from t2mlr_jax.train.config import base_config
+from t2mlr_jax.train.optimizer import make_optimizer
+from t2mlr_jax.train.step import create_state, make_train_step, state_shardings
+from _util import random_tokens
+
+
+def test_make_mesh():
+  assert len(jax.devices()) == 8
+  mesh = sharding.make_mesh({"data": -1, "fsdp": 2, "tensor": 2})
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  with pytest.raises(ValueError, match="needs 12 devices"):
+    sharding.make_mesh({"data": 3, "fsdp": 2, "tensor": 2})
+  with pytest.raises(ValueError, match="unknown axes"):
+    sharding.make_mesh({"model": 2})
+  single = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  assert single.size == 1
+
+
+def test_spec_table_replicates_what_does_not_divide():
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  cfg = ModelConfig.preset("smollm2-135m")          # 9 heads, 3 kv heads
+  assert sharding.spec_for("layers/attn/q/kernel", (30, 576, 576), mesh, cfg) == \
+      P(None, "fsdp", None)                          # 9 heads on tensor=2: replicated
+  assert sharding.spec_for("layers/mlp/up/kernel", (30, 576, 1536), mesh, cfg) == \
+      P(None, "fsdp", "tensor")
+  assert sharding.spec_for("layers/mlp/down/kernel", (30, 1536, 576), mesh, cfg) == \
+      P(None, "tensor", "fsdp")
+  assert sharding.spec_for("embed/embedding", (49152, 576), mesh, cfg) == P("tensor", "fsdp")
+  assert sharding.spec_for("layers/attn_norm/scale", (30, 576), mesh, cfg) == P()
+  even = cfg.replace(n_heads=8, n_kv_heads=4, head_dim=72)
+  assert sharding.spec_for("layers/attn/k/kernel", (30, 576, 288), mesh, even) == \
+      P(None, "fsdp", "tensor")
+  # optimizer-state leaves ending in a parameter path get the same spec
+  assert sharding.spec_for("opt_state/1/0/mu/layers/mlp/up/kernel", (30, 576, 1536), mesh,
+                           cfg) == P(None, "fsdp", "tensor")
+
+
+def test_train_step_on_2x2x2_mesh_equals_one_device():
+  cfg = ModelConfig(vocab_size=40, d_model=32, n_layers=3, n_heads=4, n_kv_heads=1, d_ff=64,
+                    max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=4,
+                                                           d_backward=2))
+  oc = base_config().optimizer
+  # Adam divides by sqrt(v) + eps: a larger eps keeps reduction-order noise in tiny
+  # gradients from being amplified to lr-sized differences.
+  oc.update(lr=1e-2, eps=1e-3)
+  tx, schedule = make_optimizer(oc, 10)
+  tokens = random_tokens(cfg, 8, 16)
+  batch = {"input_ids": tokens, "target_ids": np.roll(tokens, -1, axis=1),
+           "control_flow": np.full(tokens.shape, 2, np.int32)}
+  results = []
+  for mesh in (sharding.make_mesh({"data": 1}, devices=jax.devices()[:1]),
+               sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})):
+    state = create_state(cfg, tx, jax.random.PRNGKey(0), mesh)
+    shardings = state_shardings(cfg, tx, mesh)
+    assert state.params["layers"]["mlp"]["up"]["kernel"].sharding == \
+        shardings.params["layers"]["mlp"]["up"]["kernel"]
+    step = make_train_step(cfg, tx, schedule, "jacobi", mesh)
+    placed = {k: jax.device_put(v, sharding.batch_sharding(mesh)) for k, v in batch.items()}
+    for _ in range(2):
+      state, metrics = step(state, placed)
+    results.append((float(metrics["loss"]), jax.device_get(state.params)))
+  (loss1, p1), (loss8, p8) = results
+  assert abs(loss1 - loss8) <= 1e-5
+  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

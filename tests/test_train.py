@@ -1,0 +1,193 @@
+"""The training system end to end: main, resume, preemption, checkpoints, bad configs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import t2mlr_jax
+from t2mlr_jax import checkpoint
+from t2mlr_jax.train import loop
+from t2mlr_jax.train.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "s5_retrieval.py")
+STEPS = 80
+# A run long enough to interrupt: evaluate and checkpoint only at the end.
+LONG = [f"--config.train.num_steps={STEPS}", "--config.train.eval_every=1000",
+        "--config.train.checkpoint_every=1000"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+  """The subprocess runs compile identical programs: share XLA's persistent cache."""
+  env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla_cache")),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  old = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  yield
+  for k, v in old.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+
+
+def main_cmd(workdir, *overrides):
+  return [sys.executable, "-m", "t2mlr_jax.main", f"--config={CONFIG}:tiny",
+          f"--workdir={workdir}", "--progress=false", *overrides]
+
+
+def run_main(workdir, *overrides):
+  out = subprocess.run(main_cmd(workdir, *overrides), cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+def train_losses(workdir):
+  return [(r["step"], r["loss"]) for r in read_metrics(workdir)]
+
+
+def tiny_config(**train):
+  sys.path.insert(0, os.path.dirname(CONFIG))
+  import s5_retrieval
+  sys.path.pop(0)
+  c = s5_retrieval.get_config("tiny")
+  c.train.update(**train)
+  return c
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """One uninterrupted run of STEPS steps."""
+  wd = str(tmp_path_factory.mktemp("reference"))
+  run_main(wd, *LONG)
+  return wd
+
+
+def _params(workdir):
+  return checkpoint.load(workdir)[1]
+
+
+def _assert_same_params(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_stop_after_steps_then_resume_equals_uninterrupted(reference, tmp_path):
+  wd = str(tmp_path)
+  run_main(wd, *LONG, "--config.train.stop_after_steps=30")
+  assert checkpoint.Checkpointer(wd).all_steps() == [30]
+  assert [s for s, _ in train_losses(wd)] == list(range(1, 31))
+  assert json.load(open(os.path.join(wd, "run_info.json")))["library_version"] == \
+      t2mlr_jax.__version__
+  out = run_main(wd, *LONG)
+  assert "resumed from step 30" in out.stdout + out.stderr
+  assert train_losses(wd) == train_losses(reference)          # same data, same numbers
+  _assert_same_params(_params(wd), _params(reference))
+  evals = read_metrics(wd, "eval")
+  assert evals[-1]["step"] == STEPS and set(evals[-1]["seq_acc_by_length"]) == {"2", "6"}
+
+
+def test_sigterm_saves_and_resumes_to_the_same_parameters(reference, tmp_path):
+  wd = str(tmp_path)
+  proc = subprocess.Popen(main_cmd(wd, *LONG), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  metrics = os.path.join(wd, "metrics.jsonl")
+  deadline = time.time() + 120
+  while time.time() < deadline:
+    if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 10:
+      break
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-3000:]
+  stopped = checkpoint.Checkpointer(wd).latest_step()
+  assert 10 <= stopped < STEPS, stopped
+  run_main(wd, *LONG)
+  _assert_same_params(_params(wd), _params(reference))
+  assert train_losses(wd) == train_losses(reference)
+
+
+def test_load_in_a_fresh_process_gives_identical_logits(reference, tmp_path):
+  tokens = np.arange(2 * 12, dtype=np.int32).reshape(2, 12) % 188
+  np.save(tmp_path / "tokens.npy", tokens)
+  script = (
+      "import sys, numpy as np, t2mlr_jax\n"
+      "from t2mlr_jax import checkpoint\n"
+      f"cfg, params = checkpoint.load({reference!r})\n"
+      f"tokens = np.load({str(tmp_path / 'tokens.npy')!r})\n"
+      "logits = t2mlr_jax.forward(params, cfg, tokens, mode='exact')\n"
+      f"np.save({str(tmp_path / 'logits.npy')!r}, np.asarray(logits))\n")
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  cfg, params = checkpoint.load(reference)
+  ours = np.asarray(t2mlr_jax.forward(params, cfg, tokens, mode="exact"))
+  np.testing.assert_array_equal(np.load(tmp_path / "logits.npy"), ours)
+  assert cfg.recurrence is not None and cfg.n_layers == 3
+
+
+def test_evaluate_cli(reference, tmp_path):
+  out_file = str(tmp_path / "eval.json")
+  out = subprocess.run([sys.executable, "-m", "t2mlr_jax.evaluate", f"--workdir={reference}",
+                        f"--output={out_file}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.load(open(out_file))
+  assert result["step"] == STEPS and result["mode"] == "exact"
+  assert set(result["seq_acc_by_length"]) == {"2", "6"}
+  final_eval = read_metrics(reference, "eval")[-1]
+  assert result["loss"] == pytest.approx(final_eval["loss"], abs=1e-6)
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+  wd = str(tmp_path)
+  loop.train(tiny_config(num_steps=2, eval_every=100), wd, progress=False)
+  changed = tiny_config(num_steps=2, eval_every=100)
+  changed.optimizer.lr = 1e-2
+  with pytest.raises(ValueError, match="optimizer.lr"):
+    loop.train(changed, wd, progress=False)
+  # cadences may change on resume
+  loop.train(tiny_config(num_steps=2, log_every=2, eval_every=50), wd, progress=False)
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+  wd = str(tmp_path)
+  config = tiny_config(num_steps=10, checkpoint_every=1)
+  config.optimizer.update(lr=1e30, grad_clip=0.0)
+  with pytest.raises(loop.NonFiniteLossError, match="non-finite loss"):
+    loop.train(config, wd, progress=False)
+  ckpt = checkpoint.Checkpointer(wd)
+  last = ckpt.latest_step()
+  assert last is not None and last < 10
+  _, params = checkpoint.load(wd, last)
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda c: c.train.update(num_steps=-5), "train.num_steps"),
+    (lambda c: c.mesh.update(data=3, fsdp=1, tensor=1), "mesh"),
+    (lambda c: c.model.recurrence.update(d_forward=2, d_backward=3), "d_backward"),
+    (lambda c: c.optimizer.update(name="lion"), "optimizer.name"),
+    (lambda c: c.train.update(seq_len=10), "train.seq_len"),
+    (lambda c: c.data.update(task="imagenet"), "data.task"),
+    (lambda c: c.model.update(arch="mamba"), "model.arch"),
+    (lambda c: c.train.update(batch_size=6), "train.batch_size"),
+    (lambda c: c.model.recurrence.update(l_start=2, l_end=1), "l_start"),
+])
+def test_bad_config_fails_before_any_compile(tmp_path, edit, field):
+  config = tiny_config()
+  edit(config)
+  wd = str(tmp_path / "run")
+  with pytest.raises(ValueError, match=field):
+    loop.train(config, wd, progress=False)
+  assert not os.path.exists(wd)          # nothing created, nothing compiled
