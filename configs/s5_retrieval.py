@@ -34,6 +34,19 @@ def get_config(variant: str = ""):
                   eval_examples_per_length=4, eval_batch_size=8)
     c.train.update(num_steps=6, batch_size=8, seq_len=48, eval_every=6, checkpoint_every=3,
                    log_every=1, async_checkpointing=False)
+  elif variant == "word":
+    # CPU preset of the length sweep: the plain word problem on S3, train 1-16 actions.
+    c.data.task = "s5_word_problem"
+    c.model.update(vocab_size=188, d_model=64, n_layers=4, n_heads=4, d_ff=256,
+                   max_seq_len=512, tie_embeddings=False)
+    c.model.rope_theta = None
+    r.update(l_start=1, l_end=2, d_forward=8, d_backward=4)
+    c.optimizer.update(lr=3e-3, b2=0.98)
+    c.data.update(group="S3", min_actions=1, max_actions=16, curriculum_start=2,
+                  curriculum_steps=500, eval_lengths="4,8,16,24,32,40,48",
+                  eval_examples_per_length=128, eval_batch_size=128)
+    c.train.update(num_steps=2000, batch_size=64, seq_len=16, eval_every=500,
+                   checkpoint_every=500, log_every=50)
   elif variant == "":
     # CPU default: the S5-Retrieval structure on the group S3 (see README).
     c.model.update(vocab_size=188, d_model=64, n_layers=4, n_heads=4, d_ff=256,

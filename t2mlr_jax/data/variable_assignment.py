@@ -121,3 +121,48 @@ def generate_example(seed: SeedLike, *, num_base: int = 8, depth: int = 2,
   query = chain[0]
   answer = str(int(digits[base.index(sink)]))
   return dict(prompt=format_prompt(lines, query), answer=answer, lines=lines, query=query)
+
+
+# ---------------------------------------------------------------------------
+# Token-level examples (byte tokenizer) and a Grain source, for training from scratch.
+
+def tokenize_example(example: dict, tokenizer=None) -> dict[str, np.ndarray]:
+  """<bos> prompt answer <eos> as ids with next-token targets on the answer and EOS only.
+
+  control_flow: prompt 1 (non-recurrent), answer and EOS 2 (SPEC §5); padding
+  positions are added later. target_ids[t] is the id that position t predicts
+  (-100 where not supervised): the last prompt position predicts the answer.
+  """
+  from t2mlr_jax.data import byte_tokenizer
+  tok = tokenizer or byte_tokenizer.TOKENIZER
+  prompt = [tok.bos_id] + tok.encode(example["prompt"])
+  answer = tok.encode(example["answer"]) + [tok.eos_id]
+  ids = np.asarray(prompt + answer, np.int32)
+  cf = np.asarray([1] * len(prompt) + [2] * len(answer), np.int32)
+  targets = np.full(len(ids), -100, np.int32)
+  targets[len(prompt) - 1:-1] = answer
+  return dict(input_ids=ids, target_ids=targets, control_flow=cf)
+
+
+class VariableAssignmentSource:
+  """Random-access source of tokenized examples; example i is a pure function of (seed, i)."""
+
+  def __init__(self, num_examples: int, *, base_seed: int = 0, depth: int = 2,
+               num_base: int = 8, num_distractors: int = 6):
+    _check_count("num_examples", num_examples, 1)
+    self.num_examples = int(num_examples)
+    self.base_seed = int(base_seed)
+    self.kwargs = dict(depth=depth, num_base=num_base, num_distractors=num_distractors)
+
+  def __len__(self) -> int:
+    return self.num_examples
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    if not 0 <= int(index) < self.num_examples:
+      raise IndexError(f"index={index} is out of range: allowed 0..{self.num_examples - 1}")
+    ex = generate_example((self.base_seed, int(index)), **self.kwargs)
+    return tokenize_example(ex)
+
+  def __repr__(self) -> str:
+    return (f"VariableAssignmentSource(num_examples={self.num_examples}, "
+            f"base_seed={self.base_seed}, {self.kwargs})")

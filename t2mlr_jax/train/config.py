@@ -49,7 +49,7 @@ def base_config() -> config_dict.ConfigDict:
                 eval_examples_per_length=32, eval_batch_size=64, value_len=4,
                 dict_size=config_dict.placeholder(int), retrieval=True,
                 curriculum_start=config_dict.placeholder(int), curriculum_steps=0,
-                shuffle=False, num_threads=1, prefetch=4)
+                va_depth=2, shuffle=False, num_threads=1, prefetch=4)
   c.mesh = dict(data=-1, fsdp=1, tensor=1)
   return c
 

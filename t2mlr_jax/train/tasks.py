@@ -9,10 +9,9 @@ from __future__ import annotations
 import functools
 from typing import Callable, NamedTuple
 
-from t2mlr_jax.data import pipeline, s5
+from t2mlr_jax.data import pipeline, s5, variable_assignment
 from t2mlr_jax.eval.s5 import S5Metrics
-
-TASKS = ("s5_retrieval", "s5_word_problem")
+from t2mlr_jax.eval.sequence import SequenceMetrics
 EVAL_SEED_OFFSET = 1_000_003      # eval examples never share seeds with training ones
 
 
@@ -96,8 +95,32 @@ def _make_s5(name, word_problem):
                                               word_problem))
 
 
-_REGISTRY = {"s5_retrieval": _make_s5("s5_retrieval", False),
-             "s5_word_problem": _make_s5("s5_word_problem", True)}
+def _va_source(config, num_examples, seed_offset=0):
+  return variable_assignment.VariableAssignmentSource(
+      num_examples, base_seed=config.train.seed + seed_offset, depth=config.data.va_depth)
+
+
+def _va_eval_batches(config):
+  d = config.data
+  src = _va_source(config, d.eval_examples_per_length, EVAL_SEED_OFFSET)
+  examples = [src[i] for i in range(len(src))]
+  seq_len = max(len(ex["input_ids"]) for ex in examples)
+  return pipeline.stack_batches(examples, seq_len, d.eval_batch_size)
+
+
+def _va_max_len(config):
+  src = _va_source(config, 64)
+  return max(len(src[i]["input_ids"]) for i in range(len(src)))   # every example: same length
+
+
+_REGISTRY = {
+    "s5_retrieval": _make_s5("s5_retrieval", False),
+    "s5_word_problem": _make_s5("s5_word_problem", True),
+    # byte-level, from scratch; answers scored by exact match (greedy, exact recurrence)
+    "variable_assignment": Task("variable_assignment", _va_source, _va_eval_batches,
+                                SequenceMetrics, _va_max_len),
+}
+TASKS = tuple(_REGISTRY)
 
 
 def get_task(config) -> Task:
@@ -110,10 +133,11 @@ def get_task(config) -> Task:
 def validate_data(config, task: Task) -> None:
   """Data checks that need the task: every training example fits train.seq_len."""
   d = config.data
-  if not 1 <= d.min_actions <= d.max_actions:
-    _fail("data.max_actions", d.max_actions, f">= data.min_actions={d.min_actions} >= 1")
+  if task.name.startswith("s5"):
+    if not 1 <= d.min_actions <= d.max_actions:
+      _fail("data.max_actions", d.max_actions, f">= data.min_actions={d.min_actions} >= 1")
+    eval_lengths(d)
   longest = task.max_train_len(config)
   if longest > config.train.seq_len:
     _fail("train.seq_len", config.train.seq_len,
-          f">= {longest}, the longest training example (data.max_actions={d.max_actions})")
-  eval_lengths(d)
+          f">= {longest}, the longest training example of data.task={d.task}")

@@ -1,0 +1,143 @@
+"""Length generalisation on S5-style state tracking: T2MLR vs baselines (SPEC §7).
+
+Trains T2MLR (middle block), T2MLR (all layers), the RoPE transformer and the
+LSTM under one budget (same steps, batch, data and schedule; parameter counts
+within 10%), evaluates sequence accuracy per number of actions with the exact
+recurrence — including lengths longer than any seen in training — and writes
+experiments/results/s5_length_sweep[_<preset>].json and a PNG plot.
+
+    python experiments/s5_length_sweep.py --preset=word        # S3 word problem (~30 min)
+    python experiments/s5_length_sweep.py --preset=retrieval   # S3 S5-Retrieval format
+
+Presets are the config variants of configs/s5_retrieval*.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "configs"))
+
+MODELS = {   # name -> config module
+    "t2mlr_middle": "s5_retrieval",
+    "t2mlr_all_layers": "s5_retrieval_all_layers",
+    "transformer": "s5_retrieval_transformer",
+    "lstm": "s5_retrieval_lstm",
+}
+PRESETS = {"word": "word", "retrieval": ""}
+
+
+def _git_commit() -> str:
+  try:
+    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                   text=True).strip()
+  except Exception:  # not a checkout
+    return "unknown"
+
+
+def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
+  import importlib
+
+  import jax
+
+  from t2mlr_jax.train.config import model_config
+  from t2mlr_jax.train.loop import train
+  from t2mlr_jax.train.metrics import read_metrics
+
+  variant = PRESETS[preset]
+  results = {}
+  for name in models:
+    config = importlib.import_module(MODELS[name]).get_config(variant)
+    if steps:
+      config.train.num_steps = steps
+    config.train.eval_every = config.train.num_steps      # evaluate once, at the end
+    workdir = os.path.join(workroot, preset, name)
+    if os.path.exists(workdir):           # a sweep is a fresh experiment, never a resume
+      shutil.rmtree(workdir)
+    start = time.time()
+    train(config, workdir, progress=True)
+    seconds = time.time() - start
+    final = read_metrics(workdir, "eval")[-1]
+    cfg = model_config(config)
+    results[name] = {
+        "config": MODELS[name] + (f".py:{variant}" if variant else ".py"),
+        "params": cfg.num_params(), "steps": config.train.num_steps,
+        "batch_size": config.train.batch_size, "lr": config.optimizer.lr,
+        "train_seconds": round(seconds, 1),
+        "train_actions": [config.data.min_actions, config.data.max_actions],
+        "seq_acc_by_length": final["seq_acc_by_length"], "seq_acc": final["seq_acc"],
+        "eval_loss": final["loss"], "final_train_loss": read_metrics(workdir)[-1]["loss"],
+    }
+    if "d_forward" in config.model.recurrence and config.model.recurrence.type == "t2mlr":
+      r = config.model.recurrence
+      results[name]["recurrence"] = {"l_start": r.l_start, "l_end": r.l_end,
+                                     "d_forward": r.d_forward, "d_backward": r.d_backward}
+    print(json.dumps({name: results[name]}), flush=True)
+
+  ref = results.get("t2mlr_middle", next(iter(results.values())))["params"]
+  report = {
+      "preset": preset, "task": config.data.task, "group": config.data.group,
+      "command": "python experiments/s5_length_sweep.py " + " ".join(sys.argv[1:]),
+      "commit": _git_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                  "devices": [str(d) for d in jax.devices()]},
+      "versions": {"jax": jax.__version__, "python": platform.python_version()},
+      "param_ratio_to_t2mlr": {k: round(v["params"] / ref, 3) for k, v in results.items()},
+      "models": results,
+  }
+  os.makedirs(out_dir, exist_ok=True)
+  stem = os.path.join(out_dir, "s5_length_sweep" + ("" if preset == "word" else f"_{preset}"))
+  with open(stem + ".json", "w") as f:
+    json.dump(report, f, indent=2)
+  plot(report, stem + ".png")
+  return report
+
+
+def plot(report: dict, path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for name, r in report["models"].items():
+    lengths = sorted(int(n) for n in r["seq_acc_by_length"])
+    ax.plot(lengths, [r["seq_acc_by_length"][str(n)] for n in lengths], marker="o",
+            label=f"{name} ({r['params'] / 1e3:.0f}k params)")
+  max_train = max(r["train_actions"][1] for r in report["models"].values())
+  ax.axvline(max_train, color="gray", linestyle="--", linewidth=1)
+  ax.text(max_train, 1.02, " longest training length", color="gray", fontsize=8)
+  ax.set_xlabel("number of actions")
+  ax.set_ylabel("sequence accuracy (exact recurrence)")
+  ax.set_ylim(-0.02, 1.08)
+  ax.set_title(f"{report['task']} on {report['group']}: length generalisation")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--preset", choices=sorted(PRESETS), default="word")
+  p.add_argument("--models", default=",".join(MODELS),
+                 help=f"comma-separated subset of {list(MODELS)}")
+  p.add_argument("--steps", type=int, default=None, help="override train.num_steps")
+  p.add_argument("--workroot", default=os.path.join(ROOT, "workdirs", "s5_length_sweep"))
+  p.add_argument("--out", default=os.path.join(ROOT, "experiments", "results"))
+  args = p.parse_args()
+  models = [m for m in args.models.split(",") if m]
+  unknown = sorted(set(models) - set(MODELS))
+  if unknown:
+    p.error(f"unknown models {unknown}: allowed {list(MODELS)}")
+  run(args.preset, models, args.steps, args.workroot, args.out)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,67 @@
+"""Every model type of the S5 experiments trains through the same main loop."""
+
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from t2mlr_jax.model import lstm
+from t2mlr_jax.train.config import model_config
+from t2mlr_jax.train.loop import train
+from t2mlr_jax.train.metrics import read_metrics
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+sys.path.insert(0, CONFIGS)
+import s5_retrieval  # noqa: E402
+import s5_retrieval_all_layers  # noqa: E402
+import s5_retrieval_lstm  # noqa: E402
+import s5_retrieval_transformer  # noqa: E402
+import variable_assignment  # noqa: E402
+
+
+@pytest.mark.parametrize("module", [s5_retrieval, s5_retrieval_transformer, s5_retrieval_lstm,
+                                    s5_retrieval_all_layers])
+def test_tiny_run_reduces_loss_and_reports_lengths(tmp_path, module):
+  config = module.get_config("tiny")
+  config.train.update(num_steps=12, eval_every=12, checkpoint_every=12, log_every=1)
+  config.optimizer.update(lr=3e-3, warmup_frac=0.0)
+  train(config, str(tmp_path), progress=False)
+  losses = [r["loss"] for r in read_metrics(str(tmp_path))]
+  assert len(losses) == 12 and np.mean(losses[-3:]) < np.mean(losses[:3])
+  final = read_metrics(str(tmp_path), "eval")[-1]
+  assert set(final["seq_acc_by_length"]) == {"2", "6"}
+  assert 0.0 <= final["state_acc"] <= 1.0 and "value_acc" in final
+
+
+def test_matched_budgets():
+  """The CPU presets compare models of (nearly) the same size."""
+  for variant in ("", "word"):
+    ref = model_config(s5_retrieval.get_config(variant)).num_params()
+    for module in (s5_retrieval_transformer, s5_retrieval_lstm, s5_retrieval_all_layers):
+      n = model_config(module.get_config(variant)).num_params()
+      assert abs(n / ref - 1) <= 0.10, (module.__name__, variant, n, ref)
+  paper = s5_retrieval.get_config("paper")
+  assert paper.model.rope_theta is None and paper.model.n_layers == 6
+  assert paper.train.num_steps == 400_000 and paper.data.eval_max_actions == 48
+  assert model_config(s5_retrieval_lstm.get_config("paper")).d_model == 360
+
+
+def test_lstm_is_causal():
+  cfg = lstm.LSTMConfig(vocab_size=20, d_model=16, n_layers=2)
+  params = lstm.init_params(cfg, jax.random.PRNGKey(0))
+  assert sum(x.size for x in jax.tree.leaves(params)) == cfg.num_params()
+  tokens = np.arange(10, dtype=np.int32)[None] % 20
+  changed = tokens.copy()
+  changed[0, 6:] = 0
+  a, b = lstm.forward(params, cfg, tokens), lstm.forward(params, cfg, changed)
+  np.testing.assert_array_equal(a[:, :6], b[:, :6])
+  assert float(np.abs(a[:, 6:] - b[:, 6:]).max()) > 0
+
+
+def test_variable_assignment_trains(tmp_path):
+  config = variable_assignment.get_config("tiny")
+  train(config, str(tmp_path), progress=False)
+  final = read_metrics(str(tmp_path), "eval")[-1]
+  assert final["num_examples"] == 8 and 0.0 <= final["seq_acc"] <= 1.0
