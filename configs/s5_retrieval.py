@@ -40,7 +40,9 @@ def get_config(variant: str = ""):
     c.model.update(vocab_size=188, d_model=64, n_layers=4, n_heads=4, d_ff=256,
                    max_seq_len=512, tie_embeddings=False)
     c.model.rope_theta = None
-    r.update(l_start=1, l_end=2, d_forward=8, d_backward=4)
+    # D_f = the longest training sequence: Jacobi then trains on exact caches. With
+    # D_f = 8 the same model reached only 0.22 / 0.02 sequence accuracy at 24 / 32.
+    r.update(l_start=1, l_end=2, d_forward=16, d_backward=4)
     c.optimizer.update(lr=3e-3, b2=0.98)
     c.data.update(group="S3", min_actions=1, max_actions=16, curriculum_start=2,
                   curriculum_steps=500, eval_lengths="4,8,16,24,32,40,48",

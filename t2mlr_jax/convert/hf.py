@@ -167,3 +167,187 @@ def check_shapes(params, cfg: ModelConfig):
     if tuple(got.shape) != tuple(leaf.shape):
       raise ValueError(f"weight {name(path)} has shape {tuple(got.shape)}, the config "
                        f"implies {tuple(leaf.shape)}")
+
+
+# ------------------------------------------------------------------ directories
+
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+RECURRENCE_WEIGHTS = "t2mlr_recurrence.safetensors"
+RECURRENCE_CONFIG = "t2mlr_config.json"
+# Keys of RECURRENCE_WEIGHTS (PyTorch layout: Linear weights are [out, in]).
+RECURRENCE_KEYS = {
+    "t2mlr.w_rec.weight": ("w_rec", "kernel"),      # [H, H], r = W_rec R
+    "t2mlr.f_rec.weight": ("f_rec", "kernel"),      # [H, 2H] over concat(h, W_rec R)
+    "t2mlr.f_rec.bias": ("f_rec", "bias"),          # [H]
+    "t2mlr.f_cur.weight": ("f_cur", "kernel"),      # [H, 2H]
+    "t2mlr.f_cur.bias": ("f_cur", "bias"),          # [H]
+    "t2mlr.gamma_rec": ("gamma_rec",),              # [] raw γ (Φ uses tanh γ)
+    "t2mlr.gamma_cur": ("gamma_cur",),              # []
+    "t2mlr.cache_norm.weight": ("cache_norm", "scale"),   # [H], only with cache_norm="rmsnorm"
+}
+_IGNORED = ("rotary_emb.inv_freq",)
+
+
+def _read_safetensors(path: str) -> dict:
+  """All tensors of one .safetensors file as float32/int numpy arrays (bf16 included)."""
+  import os
+  from safetensors import safe_open
+  if not os.path.isfile(path):
+    raise ValueError(f"weights file {path!r} is missing")
+  try:
+    out = {}
+    with safe_open(path, framework="flax") as f:
+      for key in f.keys():
+        out[key] = to_numpy(f.get_tensor(key))
+    return out
+  except ValueError:
+    raise
+  except Exception as e:   # truncated / corrupt header or data
+    raise ValueError(f"cannot read safetensors file {path!r} (corrupt or truncated?): {e}") from e
+
+
+def read_hf_state_dict(path: str) -> dict:
+  """The weights of an HF directory: model.safetensors, or shards listed in the index."""
+  import json
+  import os
+  index = os.path.join(path, WEIGHTS_INDEX)
+  if os.path.isfile(index):
+    with open(index) as f:
+      weight_map = json.load(f).get("weight_map")
+    if not weight_map:
+      raise ValueError(f"{index} has no weight_map")
+    sd = {}
+    for shard in sorted(set(weight_map.values())):
+      sd.update(_read_safetensors(os.path.join(path, shard)))
+    missing = sorted(set(weight_map) - set(sd))
+    if missing:
+      raise ValueError(f"{index} lists tensors missing from its shards: {missing[:5]}")
+    return sd
+  single = os.path.join(path, WEIGHTS)
+  if not os.path.isfile(single):
+    raise ValueError(f"{path!r} has neither {WEIGHTS} nor {WEIGHTS_INDEX} "
+                     "(only safetensors checkpoints are read)")
+  return _read_safetensors(single)
+
+
+def _check_unused(sd: Mapping[str, Any], cfg: ModelConfig) -> None:
+  """Refuse weights we would silently ignore (e.g. more layers than config.json says)."""
+  used = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+  for i in range(cfg.n_layers):
+    for hf_name in list(_LINEARS.values()) + list(_NORMS.values()):
+      used.add(f"model.layers.{i}.{hf_name}.weight")
+      used.add(f"model.layers.{i}.{hf_name}.bias")
+  extra = sorted(k for k in sd if k not in used and not k.endswith(_IGNORED))
+  if extra:
+    raise ValueError(f"the checkpoint has weights this config does not use: {extra[:5]}"
+                     f"{' ...' if len(extra) > 5 else ''}")
+
+
+def from_hf(path: str, *, recurrence: T2MLRConfig | None = None, seed: int = 0, **overrides):
+  """(ModelConfig, params) from a local Hugging Face directory (config.json + safetensors).
+
+  With `recurrence`, a T2MLR block is added with fresh parameters (γ = 0, so the model
+  still computes the pretrained function exactly); if the directory holds
+  t2mlr_recurrence.safetensors (written by `to_hf`), those weights are used instead.
+  `overrides` set ModelConfig fields.
+  """
+  import json
+  import os
+
+  import jax
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.isfile(cfg_path):
+    raise ValueError(f"{path!r} has no config.json: not a Hugging Face model directory")
+  with open(cfg_path) as f:
+    hf_config = json.load(f)
+  rec_path = os.path.join(path, RECURRENCE_CONFIG)
+  if recurrence is None and os.path.isfile(rec_path):
+    with open(rec_path) as f:
+      recurrence = T2MLRConfig(**json.load(f))
+  cfg = config_from_hf(hf_config, recurrence=recurrence, **overrides)
+  sd = read_hf_state_dict(path)
+  _check_unused(sd, cfg)
+  params = base_params_from_state_dict(sd, cfg)
+  if cfg.recurrence is not None:
+    weights = os.path.join(path, RECURRENCE_WEIGHTS)
+    if os.path.isfile(weights):
+      params["recurrence"] = recurrence_from_state_dict(_read_safetensors(weights), cfg)
+    else:
+      from t2mlr_jax.model import recurrence as rec
+      params["recurrence"] = jax.device_get(rec.init_params(cfg, jax.random.PRNGKey(seed)))
+  return cfg, params
+
+
+def recurrence_from_state_dict(sd: Mapping[str, Any], cfg: ModelConfig) -> dict:
+  out: dict = {}
+  for key, where in RECURRENCE_KEYS.items():
+    if key not in sd:
+      if where[0] == "cache_norm" and cfg.recurrence.cache_norm != "rmsnorm":
+        continue
+      raise ValueError(f"missing recurrence weight {key!r}")
+    value = to_numpy(sd[key])
+    value = value.T if where[-1] == "kernel" else value
+    node = out
+    for k in where[:-1]:
+      node = node.setdefault(k, {})
+    node[where[-1]] = value.reshape(()) if where[0].startswith("gamma") else value
+  return out
+
+
+def _hf_state_dict(cfg: ModelConfig, params) -> dict:
+  sd = {"model.embed_tokens.weight": params["embed"]["embedding"],
+        "model.norm.weight": params["final_norm"]["scale"]}
+  layers = params["layers"]
+  for i in range(cfg.n_layers):
+    for (group, name), hf_name in _LINEARS.items():
+      sd[f"model.layers.{i}.{hf_name}.weight"] = layers[group][name]["kernel"][i].T
+      if "bias" in layers[group][name]:
+        sd[f"model.layers.{i}.{hf_name}.bias"] = layers[group][name]["bias"][i]
+    for ours, hf_name in _NORMS.items():
+      sd[f"model.layers.{i}.{hf_name}.weight"] = layers[ours]["scale"][i]
+  if not cfg.tie_embeddings:
+    sd["lm_head.weight"] = params["lm_head"]["kernel"].T
+  return sd
+
+
+def _save_safetensors(tensors: dict, path: str, dtype: str) -> None:
+  import jax.numpy as jnp
+  from safetensors.flax import save_file
+  target = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+  save_file({k: jnp.asarray(np.ascontiguousarray(v)).astype(target) for k, v in tensors.items()},
+            path)
+
+
+def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32") -> None:
+  """Write an HF directory: config.json + model.safetensors (the base model, loadable by
+  `AutoModelForCausalLM.from_pretrained`), and for T2MLR models
+  t2mlr_recurrence.safetensors (RECURRENCE_KEYS layout) + t2mlr_config.json."""
+  import json
+  import os
+
+  import jax
+  if dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"dtype={dtype!r} is invalid: allowed 'float32' or 'bfloat16'")
+  params = jax.device_get(params)
+  os.makedirs(path, exist_ok=True)
+  hf_config = config_to_hf(cfg)
+  hf_config["torch_dtype"] = dtype
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2)
+  _save_safetensors(_hf_state_dict(cfg, params), os.path.join(path, WEIGHTS), dtype)
+  if cfg.recurrence is not None:
+    rec = params["recurrence"]
+    tensors = {}
+    for key, where in RECURRENCE_KEYS.items():
+      node = rec
+      try:
+        for k in where:
+          node = node[k]
+      except KeyError:
+        continue
+      node = np.asarray(node)
+      tensors[key] = node.T if where[-1] == "kernel" else node
+    _save_safetensors(tensors, os.path.join(path, RECURRENCE_WEIGHTS), "float32")
+    with open(os.path.join(path, RECURRENCE_CONFIG), "w") as f:
+      json.dump(dataclasses.asdict(cfg.recurrence), f, indent=2)
