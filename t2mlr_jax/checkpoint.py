@@ -6,7 +6,7 @@ A checkpoint step holds five items:
     train      {step, opt_state, nonfinite_step}
     data       the Grain iterator state (one JSON per process)
     config     the experiment config as JSON
-    meta       {format_version, library version, step}
+    meta       {format_version, library version, step, the resolved model config}
 
 Saves are asynchronous and atomic (Orbax writes to a temporary directory and
 renames it when complete), keeping the latest `max_to_keep`. Restores go
@@ -54,11 +54,17 @@ class Checkpointer:
   def all_steps(self):
     return list(self.manager.all_steps())
 
-  def save(self, step: int, state, data_iterator, config: dict) -> None:
-    """Save (asynchronously) the train state, data iterator and config at `step`."""
+  def save(self, step: int, state, data_iterator, config: dict, model_cfg) -> None:
+    """Save (asynchronously) the train state, data iterator and config at `step`.
+
+    `model_cfg` (the resolved ModelConfig/LSTMConfig) goes into `meta`, so a
+    checkpoint loads without the experiment config's external files."""
+    import dataclasses
+
     import grain
     meta = {"format_version": FORMAT_VERSION, "library_version": _library_version(),
-            "step": int(step)}
+            "step": int(step), "model_family": type(model_cfg).__name__,
+            "model_config": dataclasses.asdict(model_cfg)}
     train = {"step": state.step, "opt_state": state.opt_state,
              "nonfinite_step": state.nonfinite_step}
     args = ocp.args.Composite(
@@ -110,8 +116,62 @@ def with_shardings(abstract_tree, shardings):
                       abstract_tree, shardings)
 
 
+def model_config_from_meta(meta: dict):
+  from t2mlr_jax.config import ModelConfig
+  from t2mlr_jax.model.lstm import LSTMConfig
+  families = {"ModelConfig": ModelConfig, "LSTMConfig": LSTMConfig}
+  family = meta.get("model_family")
+  if family not in families:
+    raise ValueError(f"checkpoint meta has model_family={family!r}: allowed {sorted(families)}")
+  return families[family](**meta["model_config"])
+
+
+EXPORT_CONFIG = "model.json"
+EXPORT_PARAMS = "params"
+
+
+def is_export(path: str) -> bool:
+  return os.path.isfile(os.path.join(path, EXPORT_CONFIG))
+
+
+def export(cfg, params, path: str) -> None:
+  """A standalone parameter checkpoint: path/params (Orbax) + path/model.json.
+
+  What `python -m t2mlr_jax.convert --from-hf` writes; `load(path)` and the training
+  config's `model.init_from` read it."""
+  import dataclasses
+  import json
+  os.makedirs(path, exist_ok=True)
+  target = os.path.join(os.path.abspath(path), EXPORT_PARAMS)
+  if os.path.exists(target):
+    raise ValueError(f"{target} already exists: refusing to overwrite an export")
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(target, jax.device_get(params))
+  with open(os.path.join(path, EXPORT_CONFIG), "w") as f:
+    json.dump({"format_version": FORMAT_VERSION, "library_version": _library_version(),
+               "model_family": type(cfg).__name__, "model_config": dataclasses.asdict(cfg)},
+              f, indent=2)
+
+
+def _load_export(path: str):
+  import json
+
+  from t2mlr_jax.model.api import init_model
+  with open(os.path.join(path, EXPORT_CONFIG)) as f:
+    meta = json.load(f)
+  cfg = model_config_from_meta(meta)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.eval_shape(lambda: init_model(cfg, jax.random.PRNGKey(0)))
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                          abstract)
+  with ocp.StandardCheckpointer() as ckptr:
+    params = ckptr.restore(os.path.join(os.path.abspath(path), EXPORT_PARAMS), abstract)
+  return cfg, params
+
+
 def load(workdir: str, step: Optional[int] = None):
-  """(model config, params) of a training run's checkpoint (latest step by default).
+  """(model config, params) of a training run's checkpoint (latest step by default),
+  or of a parameter export (see `export`).
 
   The params are single-device (default device) arrays; no optimizer state
   or data iterator is read. For downstream evaluation scripts:
@@ -119,8 +179,11 @@ def load(workdir: str, step: Optional[int] = None):
       cfg, params = load("workdirs/s5")
       logits = t2mlr_jax.forward(params, cfg, tokens, mode="exact")
   """
-  from t2mlr_jax.train.config import model_config
   from t2mlr_jax.model.api import init_model
+  if is_export(workdir):
+    if step is not None:
+      raise ValueError(f"{workdir} is a parameter export (one step): pass step=None")
+    return _load_export(workdir)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
     if step is None:
@@ -130,8 +193,7 @@ def load(workdir: str, step: Optional[int] = None):
     elif step not in ckpt.all_steps():
       raise ValueError(f"step={step} is not saved in {ckpt.directory}: allowed one of "
                        f"{sorted(ckpt.all_steps())}")
-    ckpt.check_format(step)
-    cfg = model_config(config_dict.ConfigDict(ckpt.read_json(step, "config")))
+    cfg = model_config_from_meta(ckpt.check_format(step))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.eval_shape(lambda: init_model(cfg, jax.random.PRNGKey(0)))
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),

@@ -100,7 +100,7 @@ def test_sharded_and_bf16_checkpoints(tmp_path):
   model.to(torch.bfloat16).save_pretrained(bf16)
   cfg16, params16 = hf.from_hf(bf16)
   np.testing.assert_array_equal(params16["embed"]["embedding"],
-                                model.model.embed_tokens.weight.float().numpy())
+                                model.model.embed_tokens.weight.detach().float().numpy())
 
 
 def test_to_hf_roundtrip_and_retrofit(tmp_path):

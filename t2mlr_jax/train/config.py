@@ -27,7 +27,7 @@ RESUME_MUTABLE = ("train.stop_after_steps", "train.eval_every", "train.checkpoin
 def base_config() -> config_dict.ConfigDict:
   c = config_dict.ConfigDict()
   c.model = dict(
-      arch="transformer", vocab_size=256, d_model=64, n_layers=4, n_heads=4,
+      arch="transformer", init_from=config_dict.placeholder(str), vocab_size=256, d_model=64, n_layers=4, n_heads=4,
       n_kv_heads=config_dict.placeholder(int), d_ff=128,
       head_dim=config_dict.placeholder(int), max_seq_len=2048,
       rope_theta=config_dict.placeholder(float), rms_norm_eps=1e-5, tie_embeddings=False,
@@ -49,13 +49,40 @@ def base_config() -> config_dict.ConfigDict:
                 eval_examples_per_length=32, eval_batch_size=64, value_len=4,
                 dict_size=config_dict.placeholder(int), retrieval=True,
                 curriculum_start=config_dict.placeholder(int), curriculum_steps=0,
-                va_depth=2, shuffle=False, num_threads=1, prefetch=4)
+                va_depth=2, path=config_dict.placeholder(str),
+                eval_path=config_dict.placeholder(str), format="auto",
+                tokenizer=config_dict.placeholder(str), chat=False, add_bos=False,
+                packed=True, too_long="error", eval_limit=256,
+                shuffle=False, num_threads=1, prefetch=4)
   c.mesh = dict(data=-1, fsdp=1, tensor=1)
   return c
 
 
 def _fail(field: str, value: Any, allowed: str):
   raise ValueError(f"config field {field}={value!r} is invalid: allowed {allowed}")
+
+
+def _recurrence(config):
+  r = config.model.recurrence
+  if r.type not in RECURRENCE_TYPES:
+    _fail("model.recurrence.type", r.type, f"one of {RECURRENCE_TYPES}")
+  if r.type == "lrt":
+    _fail("model.recurrence.type", r.type, "'none' or 't2mlr' (LRT is not implemented yet)")
+  if r.type == "none":
+    return None
+  return T2MLRConfig(l_start=r.l_start, l_end=r.l_end, d_forward=r.d_forward,
+                     d_backward=r.d_backward, jacobi_tol=r.jacobi_tol, residual=r.residual,
+                     residual_detach=r.residual_detach, cache_norm=r.cache_norm,
+                     gate_init=r.gate_init, gate_gain=r.gate_gain)
+
+
+def _init_from_config(config) -> ModelConfig:
+  """A pretrained model's shape (HF config.json or export model.json) + this config's
+  recurrence and runtime fields (dtype, remat, scan_layers, max_seq_len)."""
+  from t2mlr_jax.convert.pretrained import pretrained_config
+  m = config.model
+  return pretrained_config(m.init_from, recurrence=_recurrence(config), dtype=m.dtype,
+                           remat=m.remat, scan_layers=m.scan_layers, max_seq_len=m.max_seq_len)
 
 
 def model_config(config) -> Union[ModelConfig, LSTMConfig]:
@@ -67,17 +94,9 @@ def model_config(config) -> Union[ModelConfig, LSTMConfig]:
     return LSTMConfig(vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers,
                       tie_embeddings=m.tie_embeddings, init_std=m.init_std,
                       max_seq_len=m.max_seq_len)
-  r = m.recurrence
-  if r.type not in RECURRENCE_TYPES:
-    _fail("model.recurrence.type", r.type, f"one of {RECURRENCE_TYPES}")
-  if r.type == "lrt":
-    _fail("model.recurrence.type", r.type, "'none' or 't2mlr' (LRT is not implemented yet)")
-  rec = None
-  if r.type == "t2mlr":
-    rec = T2MLRConfig(l_start=r.l_start, l_end=r.l_end, d_forward=r.d_forward,
-                      d_backward=r.d_backward, jacobi_tol=r.jacobi_tol, residual=r.residual,
-                      residual_detach=r.residual_detach, cache_norm=r.cache_norm,
-                      gate_init=r.gate_init, gate_gain=r.gate_gain)
+  if m.init_from:
+    return _init_from_config(config)
+  rec = _recurrence(config)
   return ModelConfig(
       vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
       n_kv_heads=m.n_kv_heads, d_ff=m.d_ff, head_dim=m.head_dim, max_seq_len=m.max_seq_len,
@@ -132,6 +151,10 @@ def validate(config):
     _fail("optimizer.grad_clip", o.grad_clip, ">= 0 (0 disables clipping)")
   if not o.recurrence_lr_mult > 0:
     _fail("optimizer.recurrence_lr_mult", o.recurrence_lr_mult, "> 0")
+  if config.model.get("init_required", False) and not config.model.init_from:
+    _fail("model.init_from", config.model.init_from,
+          "a Hugging Face directory or parameter export (this config fine-tunes a "
+          "pretrained model: --config.model.init_from=DIR)")
   cfg = model_config(config)
   train_mode(config, cfg)
   if t.seq_len > cfg.max_seq_len:

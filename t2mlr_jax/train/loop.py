@@ -92,6 +92,17 @@ def _check_finite(state, ckpt):
         "(lower optimizer.lr or check the data)")
 
 
+def _init_from_pretrained(state, config, cfg, tx, shardings):
+  """Replace fresh parameters by a pretrained model's (recurrence added with γ = 0)."""
+  from t2mlr_jax.convert.pretrained import load_pretrained
+  _, params = load_pretrained(config.model.init_from, recurrence=cfg.recurrence,
+                              seed=config.train.seed)
+  params = jax.device_put(params, shardings.params)
+  opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+  _say(f"initialised from {config.model.init_from}")
+  return state.replace(params=params, opt_state=opt_state)
+
+
 def train(config, workdir: str, *, progress: bool = True) -> dict:
   """Train (or resume) per `config` in `workdir`; returns the last logged metrics."""
   cfg = config_lib.validate(config)
@@ -130,6 +141,8 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
     _say(f"resumed from step {latest} in {workdir}")
   else:
     state = create_state(cfg, tx, jax.random.PRNGKey(t.seed), mesh)
+    if config.model.init_from:
+      state = _init_from_pretrained(state, config, cfg, tx, shardings)
   if is_main:
     _record_run(workdir, config)
 
@@ -147,7 +160,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   def save(step):
     nonlocal saved_step
     _check_finite(state, ckpt)
-    ckpt.save(step, state, data_iter, config.to_dict())
+    ckpt.save(step, state, data_iter, config.to_dict(), cfg)
     saved_step = step
 
   try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, NamedTuple
 
-from t2mlr_jax.data import pipeline, s5, variable_assignment
+from t2mlr_jax.data import pipeline, s5, sft, variable_assignment
 from t2mlr_jax.eval.s5 import S5Metrics
 from t2mlr_jax.eval.sequence import SequenceMetrics
 EVAL_SEED_OFFSET = 1_000_003      # eval examples never share seeds with training ones
@@ -113,12 +113,55 @@ def _va_max_len(config):
   return max(len(src[i]["input_ids"]) for i in range(len(src)))   # every example: same length
 
 
+def _tokenizer(config):
+  from t2mlr_jax.data.tokenizer import load_tokenizer
+  path = config.data.tokenizer or config.model.init_from
+  if not path:
+    _fail("data.tokenizer", path, "a directory with tokenizer.json (or set model.init_from)")
+  return load_tokenizer(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _sft_examples(path, tokenizer_dir, seq_len, fmt, chat, add_bos, packed, too_long, limit):
+  from t2mlr_jax.data.tokenizer import load_tokenizer
+  return sft.SFTSource(path, load_tokenizer(tokenizer_dir), seq_len=seq_len, fmt=fmt, chat=chat,
+                       add_bos=add_bos, packed=packed, too_long=too_long, limit=limit)
+
+
+def _sft_source_for(config, path, packed, limit=None):
+  d = config.data
+  if not path:
+    _fail("data.path", path, "a JSONL file of {question, steps, answer} or {prompt, response}")
+  return _sft_examples(path, d.tokenizer or config.model.init_from, config.train.seq_len,
+                       d.format, d.chat, d.add_bos, packed, d.too_long, limit)
+
+
+def _sft_train_source(config, num_examples):
+  return sft.repeat(_sft_source_for(config, config.data.path, config.data.packed), num_examples)
+
+
+def _sft_eval_batches(config):
+  d = config.data
+  src = _sft_source_for(config, d.eval_path or d.path, False, d.eval_limit)
+  examples = [src[i] for i in range(len(src))]
+  seq_len = max(len(ex["input_ids"]) for ex in examples)
+  return pipeline.stack_batches(examples, seq_len, d.eval_batch_size)
+
+
+def _sft_max_len(config):
+  _tokenizer(config)          # fails early, naming the field, if there is none
+  src = _sft_source_for(config, config.data.path, config.data.packed)
+  return max(len(src[i]["input_ids"]) for i in range(len(src)))
+
+
 _REGISTRY = {
     "s5_retrieval": _make_s5("s5_retrieval", False),
     "s5_word_problem": _make_s5("s5_word_problem", True),
     # byte-level, from scratch; answers scored by exact match (greedy, exact recurrence)
     "variable_assignment": Task("variable_assignment", _va_source, _va_eval_batches,
                                 SequenceMetrics, _va_max_len),
+    # supervised fine-tuning on JSONL (GSM8K-Aug or {prompt, response}), HF tokenizer
+    "sft": Task("sft", _sft_train_source, _sft_eval_batches, SequenceMetrics, _sft_max_len),
 }
 TASKS = tuple(_REGISTRY)
 

@@ -1,0 +1,77 @@
+"""Shared helpers of the benchmarks: machine info, timing, medians, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from typing import Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "experiments", "results")
+
+
+def machine_info() -> dict:
+  import jax
+  info = {"platform": platform.platform(), "python": platform.python_version(),
+          "cpus": os.cpu_count(), "jax": jax.__version__,
+          "devices": [f"{d.platform}:{getattr(d, 'device_kind', '')}" for d in jax.devices()],
+          "xla_flags": os.environ.get("XLA_FLAGS", "")}
+  try:
+    info["commit"] = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                             text=True).strip()
+  except Exception:  # not a checkout
+    info["commit"] = "unknown"
+  try:
+    with open("/proc/cpuinfo") as f:
+      names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    info["cpu_model"] = names[0] if names else ""
+  except OSError:
+    pass
+  return info
+
+
+def timed(fn: Callable[[], object]) -> float:
+  """Wall-clock seconds of fn(), blocking until its JAX outputs are ready."""
+  import jax
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - start
+
+
+def alternate(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+  """Time each callable `repeats` times, interleaved A, B, A, B, ... (the machine is
+  shared and noisy: alternation keeps drift from favouring one side)."""
+  times = {k: [] for k in runs}
+  for _ in range(repeats):
+    for name, fn in runs.items():
+      times[name].append(timed(fn))
+  return times
+
+
+def median(xs) -> float:
+  return float(statistics.median(xs))
+
+
+def write_json(name: str, payload: dict) -> str:
+  os.makedirs(RESULTS, exist_ok=True)
+  path = os.path.join(RESULTS, name)
+  payload = {"machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M"), **payload}
+  with open(path, "w") as f:
+    json.dump(payload, f, indent=2)
+  return path
+
+
+def memory_bandwidth_gbs(megabytes: int = 1024, repeats: int = 7) -> float:
+  """Sustained read bandwidth: a jitted sum over a large fp32 array (median)."""
+  import jax
+  import jax.numpy as jnp
+  n = megabytes * (1 << 20) // 4
+  x = jnp.ones((n,), jnp.float32)
+  f = jax.jit(lambda a: jnp.sum(a))
+  jax.block_until_ready(f(x))
+  t = median([timed(lambda: f(x)) for _ in range(repeats)])
+  return n * 4 / t / 1e9

@@ -1,0 +1,115 @@
+"""Decode speed: T2MLR vs the same model without recurrence, vs the memory floor, vs
+Hugging Face transformers' PyTorch generate (SPEC §8, issue 6 target 1).
+
+Random weights at a named shape (default SmolLM2-135M with T2MLR on layers 13-18),
+fp32 on the CPU, greedy, prompt 128, 128 new tokens. Per-token decode time is
+(time(generate N) - time(generate 1)) / (N - 1), so prefill is excluded; runs
+alternate between the models and the medians of `--repeats` are reported.
+
+    python experiments/bench_decode.py                 # writes experiments/results/bench_decode.json
+    python experiments/bench_decode.py --no-hf --batch 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--shape", default="smollm2-135m")
+  p.add_argument("--l_start", type=int, default=13)
+  p.add_argument("--l_end", type=int, default=18)
+  p.add_argument("--prompt", type=int, default=128)
+  p.add_argument("--new", type=int, default=128)
+  p.add_argument("--batch", default="1,8")
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--threads", type=int, default=2, help="torch threads for the HF baseline")
+  p.add_argument("--no-hf", dest="hf", action="store_false")
+  p.add_argument("--out", default="bench_decode.json")
+  args = p.parse_args()
+
+  import jax
+  import numpy as np
+
+  import t2mlr_jax
+  from t2mlr_jax import ModelConfig, T2MLRConfig
+
+  t2 = ModelConfig.preset(args.shape, recurrence=T2MLRConfig(l_start=args.l_start,
+                                                             l_end=args.l_end))
+  base = t2.replace(recurrence=None)
+  params = t2mlr_jax.init_params(t2, jax.random.PRNGKey(0))
+  params["recurrence"]["gamma_rec"] = np.float32(0.5)     # the recurrence is on
+  params["recurrence"]["gamma_cur"] = np.float32(0.5)
+  base_params = {k: v for k, v in params.items() if k != "recurrence"}
+  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(base_params))
+  bandwidth = bc.memory_bandwidth_gbs()
+  floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
+
+  results = {"shape": args.shape, "recurrent_block": [args.l_start, args.l_end],
+             "prompt": args.prompt, "new_tokens": args.new, "dtype": "float32",
+             "weight_bytes": weight_bytes, "read_bandwidth_gbs": round(bandwidth, 2),
+             "weight_streaming_floor_ms": round(floor_ms, 2), "batches": {}}
+  for B in [int(b) for b in args.batch.split(",")]:
+    prompt = np.random.RandomState(0).randint(0, t2.vocab_size, (B, args.prompt)).astype(np.int32)
+
+    def run(cfg, p, n):
+      return lambda: t2mlr_jax.generate(p, cfg, prompt, max_new_tokens=n)
+
+    runs = {"t2mlr_N": run(t2, params, args.new), "t2mlr_1": run(t2, params, 1),
+            "base_N": run(base, base_params, args.new), "base_1": run(base, base_params, 1)}
+    for fn in runs.values():      # compile
+      fn()
+    times = bc.alternate(runs, args.repeats)
+    per_token = {m: (bc.median(times[f"{m}_N"]) - bc.median(times[f"{m}_1"])) / (args.new - 1)
+                 for m in ("t2mlr", "base")}
+    row = {"t2mlr_ms_per_token": round(per_token["t2mlr"] * 1e3, 3),
+           "base_ms_per_token": round(per_token["base"] * 1e3, 3),
+           "t2mlr_overhead": round(per_token["t2mlr"] / per_token["base"] - 1, 4),
+           "t2mlr_vs_floor": round(per_token["t2mlr"] * 1e3 / floor_ms, 3),
+           "t2mlr_tokens_per_s": round(B / per_token["t2mlr"], 1),
+           "raw_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()}}
+    if args.hf:
+      hf_ms = hf_decode_ms(t2, prompt, args.new, args.repeats, args.threads)
+      row["hf_ms_per_token"] = round(hf_ms, 3)
+      row["speedup_vs_hf"] = round(hf_ms / (per_token["t2mlr"] * 1e3), 3)
+    results["batches"][str(B)] = row
+    print(B, {k: v for k, v in row.items() if k != "raw_seconds"}, flush=True)
+  print("wrote", bc.write_json(args.out, results))
+
+
+def hf_decode_ms(cfg, prompt, new, repeats, threads) -> float:
+  """transformers' greedy generate on the same shape and prompt (plain model)."""
+  import torch
+  import transformers
+  from t2mlr_jax.convert.hf import config_to_hf
+  torch.set_num_threads(threads)
+  hf_cfg = transformers.LlamaConfig(**{k: v for k, v in config_to_hf(cfg).items()
+                                       if k not in ("architectures", "torch_dtype")})
+  model = transformers.LlamaForCausalLM(hf_cfg).eval()
+  ids = torch.as_tensor(prompt, dtype=torch.long)
+
+  def gen(n):
+    def f():
+      with torch.no_grad():
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return f
+
+  gen(2)()
+  import time
+  t_n, t_1 = [], []
+  for _ in range(repeats):
+    for n, acc in ((new, t_n), (1, t_1)):
+      start = time.perf_counter()
+      gen(n)()
+      acc.append(time.perf_counter() - start)
+  return (bc.median(t_n) - bc.median(t_1)) / (new - 1) * 1e3
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,160 @@
+"""Training-step cost: Jacobi(D_f, D_b) vs the plain model, adaptive Jacobi, memory,
+compile time (SPEC §8, issue 6 targets 2, 3, 5).
+
+    python experiments/bench_train.py            # writes experiments/results/bench_train.json
+    python experiments/bench_train.py --parts step,memory --shape s5
+
+Parts:
+  step     ms/step of the baseline (recurrence off), Jacobi with fixed sweeps and
+           Jacobi with jacobi_tol, alternating, medians; sweeps run and the loss
+           difference between fixed and adaptive sweeps.
+  memory   temporary bytes of the compiled step (XLA memory_analysis) as D_f grows
+           (D_b fixed) and as D_b grows, for each remat policy.
+  compile  compile seconds of the 30-layer step: scanned segments vs unrolled layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
+
+SHAPES = {
+    # name: (preset or ModelConfig kwargs, l_start, l_end, batch, seq_len)
+    "smollm2-135m": ("smollm2-135m", 13, 18, 1, 256),
+    "s5": (dict(vocab_size=188, d_model=64, n_layers=4, n_heads=4, d_ff=256, max_seq_len=512,
+                rope_theta=None), 1, 2, 32, 168),
+}
+
+
+def build(shape: str, **rec_kw):
+  from t2mlr_jax import ModelConfig, T2MLRConfig
+  base, l_start, l_end, B, T = SHAPES[shape]
+  rec = T2MLRConfig(l_start=l_start, l_end=l_end, **rec_kw)
+  cfg = (ModelConfig.preset(base, recurrence=rec) if isinstance(base, str)
+         else ModelConfig(**base, recurrence=rec))
+  return cfg, B, T
+
+
+def loss_and_grad(cfg, mode):
+  import jax
+  from t2mlr_jax import forward
+  from t2mlr_jax.losses import cross_entropy, next_token_labels
+
+  def loss(params, tokens):
+    logits, aux = forward(params, cfg, tokens, mode=mode, return_aux=True)
+    return cross_entropy(logits, next_token_labels(tokens))[0], aux
+
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+
+def part_step(shape, repeats, gamma, tol):
+  import jax
+  import numpy as np
+
+  import t2mlr_jax
+  cfg, B, T = build(shape, d_forward=16, d_backward=4)
+  params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
+  params["recurrence"]["gamma_rec"] = np.float32(gamma)
+  params["recurrence"]["gamma_cur"] = np.float32(gamma)
+  base_params = {k: v for k, v in params.items() if k != "recurrence"}
+  tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (B, T)).astype(np.int32)
+  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=tol))
+  fns = {"baseline": (loss_and_grad(cfg.replace(recurrence=None), "parallel"), base_params),
+         "jacobi_fixed": (loss_and_grad(cfg, "jacobi"), params),
+         "jacobi_tol": (loss_and_grad(tol_cfg, "jacobi"), params)}
+  outs = {}
+  for name, (fn, p) in fns.items():
+    outs[name] = jax.block_until_ready(fn(p, tokens))      # compile + first run
+  times = bc.alternate({k: (lambda f=f, p=p: f(p, tokens)) for k, (f, p) in fns.items()},
+                       repeats)
+  med = {k: bc.median(v) for k, v in times.items()}
+  (l_fixed, aux_fixed), _ = outs["jacobi_fixed"]
+  (l_tol, aux_tol), _ = outs["jacobi_tol"]
+  return {"shape": shape, "batch": B, "seq_len": T, "gamma": gamma, "jacobi_tol": tol,
+          "d_forward": 16, "d_backward": 4,
+          "ms_per_step": {k: round(v * 1e3, 1) for k, v in med.items()},
+          "ratio_to_baseline": {k: round(v / med["baseline"], 3) for k, v in med.items()},
+          "sweeps": {"fixed": int(aux_fixed["jacobi_sweeps"]),
+                     "tol": int(aux_tol["jacobi_sweeps"])},
+          "loss": {"fixed": float(l_fixed), "tol": float(l_tol),
+                   "abs_diff": abs(float(l_fixed) - float(l_tol))},
+          "raw_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()}}
+
+
+def temp_bytes(cfg, B, T):
+  import jax
+  import numpy as np
+
+  import t2mlr_jax
+  params = jax.eval_shape(lambda: t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0)))
+  tokens = jax.ShapeDtypeStruct((B, T), np.int32)
+  compiled = loss_and_grad(cfg, "jacobi").lower(params, tokens).compile()
+  return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def part_memory(shape):
+  out = {"shape": shape, "by_d_forward": {}, "by_d_backward": {}}
+  for remat in ("none", "full"):
+    for d_f in (4, 8, 16, 32):
+      cfg, B, T = build(shape, d_forward=d_f, d_backward=4)
+      cfg = cfg.replace(remat=remat)
+      out["by_d_forward"].setdefault(remat, {})[d_f] = temp_bytes(cfg, B, T)
+    for d_b in (1, 2, 4, 8):
+      cfg, B, T = build(shape, d_forward=16, d_backward=d_b)
+      cfg = cfg.replace(remat=remat)
+      out["by_d_backward"].setdefault(remat, {})[d_b] = temp_bytes(cfg, B, T)
+  for remat, row in out["by_d_forward"].items():
+    vals = list(row.values())
+    out.setdefault("flat_in_d_forward", {})[remat] = round(max(vals) / min(vals), 3)
+  return out
+
+
+def part_compile(shape):
+  import jax
+  import numpy as np
+
+  import t2mlr_jax
+  out = {"shape": shape}
+  for scan in (True, False):
+    cfg, B, T = build(shape, d_forward=16, d_backward=4)
+    cfg = cfg.replace(scan_layers=scan)
+    params = jax.eval_shape(lambda: t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0)))
+    tokens = jax.ShapeDtypeStruct((B, T), np.int32)
+    start = time.perf_counter()
+    loss_and_grad(cfg, "jacobi").lower(params, tokens).compile()
+    out["scanned" if scan else "unrolled"] = round(time.perf_counter() - start, 2)
+  out["n_layers"] = cfg.n_layers
+  return out
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
+  p.add_argument("--parts", default="step,memory,compile")
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--gamma", type=float, default=0.5)
+  p.add_argument("--tol", type=float, default=1e-4)
+  p.add_argument("--out", default=None)
+  args = p.parse_args()
+  results = {}
+  for part in args.parts.split(","):
+    if part == "step":
+      results["step"] = part_step(args.shape, args.repeats, args.gamma, args.tol)
+    elif part == "memory":
+      results["memory"] = part_memory(args.shape)
+    elif part == "compile":
+      results["compile"] = part_compile(args.shape)
+    else:
+      p.error(f"unknown part {part!r}")
+    print(part, {k: v for k, v in results[part].items() if k != "raw_seconds"}, flush=True)
+  out = args.out or f"bench_train_{args.shape}.json"
+  print("wrote", bc.write_json(out, results))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,49 @@
+"""Start from a pretrained model: a Hugging Face directory or a parameter export.
+
+Used by training (`model.init_from`) for retrofits: the pretrained weights with
+a T2MLR block added (γ = 0, so the first forward equals the pretrained model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import jax
+
+from t2mlr_jax import checkpoint
+from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax.convert import hf
+
+
+def pretrained_config(path: str, **overrides) -> ModelConfig:
+  """The base model's ModelConfig (no recurrence unless overridden)."""
+  if checkpoint.is_export(path):
+    with open(os.path.join(path, checkpoint.EXPORT_CONFIG)) as f:
+      cfg = checkpoint.model_config_from_meta(json.load(f))
+    if not isinstance(cfg, ModelConfig):
+      raise ValueError(f"{path} holds a {type(cfg).__name__}, not a transformer")
+    return cfg.replace(**{"recurrence": None, **overrides})
+  if os.path.isfile(os.path.join(path, "config.json")):
+    with open(os.path.join(path, "config.json")) as f:
+      return hf.config_from_hf(json.load(f), **overrides)
+  raise ValueError(f"model.init_from={path!r} is neither a Hugging Face directory "
+                   "(config.json) nor a parameter export (model.json)")
+
+
+def load_pretrained(path: str, *, recurrence: Optional[T2MLRConfig], seed: int = 0):
+  """(cfg, params): the pretrained weights, with `recurrence` (fresh, γ = 0, unless the
+  export already holds recurrence weights of the same shape) or without one."""
+  from t2mlr_jax.model import recurrence as rec
+  if not checkpoint.is_export(path):
+    return hf.from_hf(path, recurrence=recurrence, seed=seed)
+  cfg, params = checkpoint.load(path)
+  params = dict(params)
+  old = params.pop("recurrence", None)
+  cfg = cfg.replace(recurrence=recurrence)
+  if recurrence is not None:
+    fresh = jax.device_get(rec.init_params(cfg, jax.random.PRNGKey(seed)))
+    same = old is not None and jax.tree.structure(old) == jax.tree.structure(fresh)
+    params["recurrence"] = old if same else fresh
+  return cfg, params

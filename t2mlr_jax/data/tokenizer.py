@@ -1,0 +1,98 @@
+"""Hugging Face tokenizers from a local directory, and their chat templates.
+
+`load_tokenizer(path)` reads `tokenizer.json` with the `tokenizers` package and
+`tokenizer_config.json` (special tokens, `chat_template`) — no `transformers`
+needed at run time. Chat templates render with jinja2 the way transformers
+does (sandboxed, trim_blocks, lstrip_blocks, `raise_exception`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Sequence
+
+
+def _token_text(value) -> Optional[str]:
+  """Special tokens appear as strings or as {"content": ...} dicts in tokenizer_config.json."""
+  if value is None or isinstance(value, str):
+    return value
+  if isinstance(value, dict):
+    return value.get("content")
+  raise ValueError(f"cannot read special token {value!r}")
+
+
+class HFTokenizer:
+  """encode/decode/chat-template over a `tokenizers.Tokenizer` and its config."""
+
+  def __init__(self, path: str):
+    from tokenizers import Tokenizer
+    file = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(file):
+      raise ValueError(f"{path!r} has no tokenizer.json (only fast tokenizers are supported)")
+    self.path = path
+    self.tokenizer = Tokenizer.from_file(file)
+    config = {}
+    cfg_file = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(cfg_file):
+      with open(cfg_file) as f:
+        config = json.load(f)
+    self.config = config
+    self.chat_template = config.get("chat_template")
+    if isinstance(self.chat_template, list):    # named templates: take "default"
+      named = {t["name"]: t["template"] for t in self.chat_template}
+      self.chat_template = named.get("default", next(iter(named.values())))
+    template_file = os.path.join(path, "chat_template.jinja")
+    if self.chat_template is None and os.path.isfile(template_file):
+      with open(template_file) as f:
+        self.chat_template = f.read()
+    self.bos_token = _token_text(config.get("bos_token"))
+    self.eos_token = _token_text(config.get("eos_token"))
+    self.pad_token = _token_text(config.get("pad_token"))
+    self.bos_id = self._id(self.bos_token)
+    self.eos_id = self._id(self.eos_token)
+    self.pad_id = self._id(self.pad_token)
+    self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+  def _id(self, token: Optional[str]) -> Optional[int]:
+    return None if token is None else self.tokenizer.token_to_id(token)
+
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+  def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """The chat template rendered as text (tokenize it with add_special_tokens=False)."""
+    if not self.chat_template:
+      raise ValueError(f"the tokenizer in {self.path!r} has no chat template")
+    return render_chat_template(self.chat_template, messages,
+                                add_generation_prompt=add_generation_prompt,
+                                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+
+def render_chat_template(template: str, messages: list[dict], **variables) -> str:
+  """Render like transformers' apply_chat_template(tokenize=False)."""
+  import datetime
+
+  from jinja2.exceptions import TemplateError
+  from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+  def raise_exception(message):
+    raise TemplateError(message)
+
+  def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                      extensions=["jinja2.ext.loopcontrols"])
+  env.filters["tojson"] = tojson
+  env.globals["raise_exception"] = raise_exception
+  env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+  return env.from_string(template).render(messages=messages, **variables)
+
+
+def load_tokenizer(path: str) -> HFTokenizer:
+  return HFTokenizer(path)

@@ -1,0 +1,124 @@
+"""The cost model (SPEC §8): FLOPs of forward passes, train steps and decoding.
+
+Counts multiply-adds as 2 FLOPs, matmuls only (norms, softmax and elementwise
+work are a few percent at these sizes). Attention over a full sequence counts
+the T×T score and value matmuls XLA actually computes (the causal mask does not
+skip work). Used by the benchmarks and by the training loop's MFU metric.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from t2mlr_jax.config import ModelConfig
+
+# Dense peak FLOP/s per chip, for MFU (bf16 unless noted).
+PEAK_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12,
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+}
+
+
+def layer_matmul_flops(cfg: ModelConfig, tokens: int) -> float:
+  """Projections + MLP of one layer for `tokens` tokens (no attention scores)."""
+  D, F, K = cfg.d_model, cfg.d_ff, cfg.head_dim
+  q, kv = cfg.n_heads * K, cfg.n_kv_heads * K
+  per_token = 2 * (D * q + 2 * D * kv + q * D) + 2 * 3 * D * F
+  return float(per_token * tokens)
+
+
+def attention_flops(cfg: ModelConfig, queries: int, keys: int) -> float:
+  """QK^T and PV for `queries` queries over `keys` keys (one sequence, one layer)."""
+  return float(2 * 2 * cfg.n_heads * cfg.head_dim * queries * keys)
+
+
+def layer_flops(cfg: ModelConfig, batch: int, seq_len: int) -> float:
+  """One layer over a batch of full sequences."""
+  return batch * (layer_matmul_flops(cfg, seq_len) + attention_flops(cfg, seq_len, seq_len))
+
+
+def head_flops(cfg: ModelConfig, tokens: int) -> float:
+  return float(2 * cfg.d_model * cfg.vocab_size * tokens)
+
+
+def mixer_flops(cfg: ModelConfig, tokens: int) -> float:
+  """The T2MLR fusion: W_rec (H²) and the two gates (2H·H each): 5H² multiply-adds."""
+  return float(2 * 5 * cfg.d_model ** 2 * tokens) if cfg.recurrence is not None else 0.0
+
+
+def _segment_layers(cfg: ModelConfig) -> dict:
+  sizes = {name: hi - lo for name, lo, hi in cfg.segments}
+  return {k: sizes.get(k, 0) for k in ("lower", "middle", "upper", "all")}
+
+
+def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "parallel",
+                  d_forward: Optional[int] = None, sweeps: Optional[int] = None) -> float:
+  """FLOPs of one forward pass in `mode`.
+
+  jacobi: lower once, sweep 0 + (sweeps - 1) middle sweeps with the mixer, then
+  the final middle + upper pass (SPEC §8); `sweeps` defaults to d_forward.
+  exact: every layer once plus the mixer (the token-by-token middle block does the
+  same matmuls; its attention is over the causal prefix, counted as full here).
+  """
+  tokens = batch * seq_len
+  per_layer = layer_flops(cfg, batch, seq_len)
+  out = head_flops(cfg, tokens)
+  if cfg.recurrence is None or mode == "parallel":
+    return out + cfg.n_layers * per_layer
+  n = _segment_layers(cfg)
+  if mode == "exact":
+    return out + cfg.n_layers * per_layer + mixer_flops(cfg, tokens)
+  if mode != "jacobi":
+    raise ValueError(f"mode={mode!r} is invalid: allowed 'parallel', 'exact', 'jacobi'")
+  d_f = d_forward or cfg.recurrence.d_forward
+  s = d_f if sweeps is None else sweeps
+  middle = n["middle"] * per_layer
+  return (out + n["lower"] * per_layer + middle              # lower + sweep 0
+          + (s - 1) * (middle + mixer_flops(cfg, tokens))    # middle sweeps
+          + middle + mixer_flops(cfg, tokens) + n["upper"] * per_layer)   # final pass
+
+
+def train_step_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "parallel",
+                     d_forward: Optional[int] = None, d_backward: Optional[int] = None,
+                     sweeps: Optional[int] = None) -> float:
+  """Forward + backward (2× the forward FLOPs of what carries gradient)."""
+  fwd = forward_flops(cfg, batch, seq_len, mode, d_forward, sweeps)
+  if cfg.recurrence is None or mode != "jacobi":
+    return 3 * fwd
+  tokens = batch * seq_len
+  per_layer = layer_flops(cfg, batch, seq_len)
+  n = _segment_layers(cfg)
+  d_f = d_forward or cfg.recurrence.d_forward
+  d_b = d_backward or cfg.recurrence.d_backward
+  grad_sweeps = min(d_b, d_f - 1)
+  middle = n["middle"] * per_layer + mixer_flops(cfg, tokens)
+  with_grad = (head_flops(cfg, tokens) + n["lower"] * per_layer      # lower: once
+               + middle + n["upper"] * per_layer                      # final pass
+               + grad_sweeps * middle
+               + (n["middle"] * per_layer if d_b == d_f else 0.0))    # sweep 0 if it has grad
+  return fwd + 2 * with_grad
+
+
+def decode_flops_per_token(cfg: ModelConfig, context: int) -> float:
+  """One decode step with `context` cached keys."""
+  return (cfg.n_layers * (layer_matmul_flops(cfg, 1) + attention_flops(cfg, 1, context))
+          + head_flops(cfg, 1) + mixer_flops(cfg, 1))
+
+
+def peak_flops(device=None) -> Optional[float]:
+  """Dense peak FLOP/s of a JAX device (None when unknown, e.g. CPUs)."""
+  import jax
+  device = device or jax.devices()[0]
+  kind = getattr(device, "device_kind", "")
+  for name, value in PEAK_FLOPS.items():
+    if name.lower() in kind.lower():
+      return value
+  return None
+
+
+def mfu(flops: float, seconds: float, num_devices: int = 1, device=None) -> Optional[float]:
+  peak = peak_flops(device)
+  if peak is None or seconds <= 0:
+    return None
+  return flops / seconds / (peak * num_devices)

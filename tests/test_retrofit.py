@@ -1,0 +1,106 @@
+"""Retrofit: a pretrained HF model + T2MLR, fine-tuned by main on SFT data, evaluated, exported."""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from t2mlr_jax import checkpoint, forward  # noqa: E402
+from t2mlr_jax.convert import hf  # noqa: E402
+from t2mlr_jax.convert.__main__ import main as convert_main  # noqa: E402
+from t2mlr_jax.data.pipeline import make_iterator  # noqa: E402
+from t2mlr_jax.data.tokenizer import load_tokenizer  # noqa: E402
+from t2mlr_jax.evaluate import evaluate_downstream  # noqa: E402
+from t2mlr_jax.losses import cross_entropy  # noqa: E402
+from t2mlr_jax.train import tasks  # noqa: E402
+from t2mlr_jax.train.config import model_config  # noqa: E402
+from t2mlr_jax.train.loop import train  # noqa: E402
+from t2mlr_jax.train.metrics import read_metrics  # noqa: E402
+from _hf_fixtures import gsm8k_aug_records, make_llama_dir, make_tokenizer_dir  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
+import retrofit_smollm2_1p7b_gsm8k as retrofit  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+  root = tmp_path_factory.mktemp("pretrained")
+  model_dir = str(root / "model")
+  make_tokenizer_dir(model_dir)
+  make_llama_dir(model_dir, load_tokenizer(model_dir).vocab_size)
+  data = root / "train.jsonl"
+  data.write_text("\n".join(json.dumps(r) for r in gsm8k_aug_records(40)))
+  test = root / "test.jsonl"
+  test.write_text("\n".join(json.dumps({"question": r["question"], "answer": r["answer"]})
+                            for r in gsm8k_aug_records(6, seed=1)))
+  return model_dir, str(data), str(test)
+
+
+def _config(model_dir, data):
+  c = retrofit.get_config("tiny")
+  c.model.init_from = model_dir
+  c.data.path = data
+  return c
+
+
+def test_retrofit_config_requires_a_model():
+  with pytest.raises(ValueError, match="model.init_from"):
+    train(retrofit.get_config("tiny"), "/tmp/never-created", progress=False)
+  paper = retrofit.get_config()
+  r = paper.model.recurrence
+  assert (r.l_start, r.l_end, r.d_forward, r.d_backward, r.gate_gain) == (4, -5, 16, 8, 1e-2)
+  assert paper.optimizer.recurrence_lr_mult == 100 and paper.optimizer.b2 == 0.99
+
+
+def test_convert_cli_export_roundtrip(pretrained, tmp_path):
+  model_dir, _, _ = pretrained
+  out = str(tmp_path / "export")
+  convert_main(["--from-hf", model_dir, "--to", out, "--l_start", "1", "--l_end", "-2"])
+  cfg, params = checkpoint.load(out)
+  ref_cfg, ref = hf.from_hf(model_dir)
+  assert cfg.recurrent_block == (1, 2)
+  assert cfg.recurrence.gate_gain == 1e-2
+  tokens = np.arange(12, dtype=np.int32)[None]
+  np.testing.assert_allclose(forward(params, cfg, tokens, mode="exact"),
+                             forward(ref, ref_cfg, tokens, mode="parallel"), atol=1e-5)
+  assert os.path.isfile(os.path.join(out, "tokenizer.json"))
+
+
+def test_finetune_from_pretrained_then_evaluate_and_export(pretrained, tmp_path):
+  model_dir, data, test = pretrained
+  config = _config(model_dir, data)
+  wd = str(tmp_path / "run")
+  train(config, wd, progress=False)
+  # step 1's loss was computed by the retrofitted model = the pretrained model (γ = 0)
+  cfg = model_config(config)
+  task = tasks.get_task(config)
+  batch = next(make_iterator(task.train_source(config, 8), global_batch=8,
+                             seq_len=config.train.seq_len))
+  base_cfg, base = hf.from_hf(model_dir)
+  logits = forward(base, base_cfg, batch["input_ids"], mode="parallel",
+                   positions=batch["positions"], segment_ids=batch["segment_ids"],
+                   control_flow=batch["control_flow"])
+  expected = float(cross_entropy(logits, batch["target_ids"])[0])
+  assert read_metrics(wd)[0]["loss"] == pytest.approx(expected, abs=1e-5)
+  assert cfg.recurrence is not None and read_metrics(wd, "eval")[-1]["num_examples"] == 8
+  # downstream evaluation of the fine-tuned run
+  summary, rows = evaluate_downstream("gsm8k", test, wd, model_dir, max_new_tokens=8,
+                                      batch_size=4)
+  assert summary["num_examples"] == 6 and len(rows) == 6
+  assert 0.0 <= summary["exact_match"] <= 1.0
+  # export to HF: transformers loads the base weights
+  out = str(tmp_path / "hf")
+  convert_main(["--from", wd, "--to-hf", out])
+  loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  tuned_cfg, tuned = checkpoint.load(wd)
+  tokens = np.arange(10, dtype=np.int32)[None]
+  with torch.no_grad():
+    theirs = loaded(torch.as_tensor(tokens, dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(forward(tuned, tuned_cfg, tokens, mode="parallel"), theirs,
+                             atol=1e-4)

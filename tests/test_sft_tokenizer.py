@@ -1,0 +1,87 @@
+"""HF tokenizers + chat templates without transformers at run time; SFT examples and packing."""
+
+import json
+
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from t2mlr_jax.data import sft  # noqa: E402
+from t2mlr_jax.data.tokenizer import load_tokenizer  # noqa: E402
+from _hf_fixtures import gsm8k_aug_records, make_tokenizer_dir  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+  return make_tokenizer_dir(str(tmp_path_factory.mktemp("tok")))
+
+
+def test_tokenizer_matches_transformers(tok_dir):
+  ours = load_tokenizer(tok_dir)
+  theirs = transformers.AutoTokenizer.from_pretrained(tok_dir)
+  text = "how many is 3 + 4 ?\n<< 3 + 4 = 7 >>\n### 7"
+  assert ours.encode(text) == theirs.encode(text, add_special_tokens=False)
+  assert ours.eos_id == theirs.eos_token_id and ours.vocab_size == len(theirs)
+  messages = [{"role": "user", "content": "what is 2 + 2 ?"}]
+  assert ours.apply_chat_template(messages) == theirs.apply_chat_template(
+      messages, tokenize=False, add_generation_prompt=True)
+  assert ours.decode(ours.encode("the answer is 7")) == "the answer is 7"
+
+
+def test_sft_example_masks(tok_dir):
+  tok = load_tokenizer(tok_dir)
+  record = gsm8k_aug_records(1)[0]
+  prompt, response = sft.prompt_and_response(record)
+  assert prompt == record["question"] + "\n\n"
+  assert response == "\n".join(record["steps"]) + "\n### " + record["answer"]
+  ex = sft.tokenize_record(record, tok)
+  p, r = tok.encode(prompt), tok.encode(response) + [tok.eos_id]
+  np.testing.assert_array_equal(ex["input_ids"], p + r)
+  np.testing.assert_array_equal(ex["control_flow"], [1] * len(p) + [2] * len(r))
+  supervised = np.nonzero(ex["target_ids"] != -100)[0]
+  assert supervised[0] == len(p) - 1 and supervised[-1] == len(p) + len(r) - 2
+  np.testing.assert_array_equal(ex["target_ids"][supervised], r)     # response + EOS only
+  chat = sft.tokenize_record(record, tok, chat=True)
+  assert tok.decode(chat["input_ids"], skip_special_tokens=False).startswith("<|im_start|>")
+
+
+def test_packing(tok_dir):
+  tok = load_tokenizer(tok_dir)
+  long = {"question": "how many is 1 + 2 + 3 + 4 + 5 ?", "steps": ["<< 15 >>"], "answer": "15"}
+  examples = [sft.tokenize_record(r, tok) for r in gsm8k_aug_records(7) + [long]]
+  lengths = [len(e["input_ids"]) for e in examples]
+  assert len(set(lengths)) > 1
+  seq_len = max(lengths) * 2 + 1
+  rows = sft.pack(examples, seq_len)
+  assert len(rows) < len(examples)
+  total = 0
+  for row in rows:
+    for s in range(row["segment_ids"].max() + 1):
+      where = np.nonzero(row["segment_ids"] == s)[0]
+      np.testing.assert_array_equal(row["positions"][where], np.arange(len(where)))
+      total += len(where)
+    pad = row["segment_ids"] < 0
+    assert (row["control_flow"][pad] == 0).all() and (row["target_ids"][pad] == -100).all()
+  assert total == sum(lengths)
+  with pytest.raises(ValueError, match="seq_len"):
+    sft.pack(examples, min(lengths) - 1)
+  kept = sft.pack(examples, max(lengths) - 1, too_long="drop")
+  assert sum(int((row["segment_ids"] >= 0).sum()) for row in kept) == sum(lengths) - max(lengths)
+
+
+def test_jsonl_formats_and_errors(tmp_path, tok_dir):
+  path = tmp_path / "d.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in
+                            [{"prompt": "what is 1 + 1 ?", "response": "2"},
+                             *gsm8k_aug_records(2)]))
+  src = sft.SFTSource(str(path), load_tokenizer(tok_dir), seq_len=64, packed=False)
+  assert len(src) == 3
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"text": "x"}\n')
+  with pytest.raises(ValueError, match="matches no format"):
+    sft.SFTSource(str(bad), load_tokenizer(tok_dir), seq_len=64)
+  broken = tmp_path / "broken.jsonl"
+  broken.write_text('{"prompt": \n')
+  with pytest.raises(ValueError, match="broken.jsonl:1"):
+    sft.read_jsonl(str(broken))
