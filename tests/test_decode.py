@@ -131,3 +131,19 @@ def test_bad_generate_arguments(model, kwargs, field):
   cfg, params = model
   with pytest.raises(ValueError, match=field):
     generate(params, cfg, random_tokens(cfg, 2, 5), **kwargs)
+
+
+def test_parallel_jacobi_prefill_capped_at_T_equals_exact(model):
+  """Jacobi prefill with T sweeps is exact by construction (issue 6, target 4)."""
+  cfg, params = model
+  prompt = random_tokens(cfg, 2, 12, seed=12)
+  exact_new, exact_logits = generate(params, cfg, prompt, max_new_tokens=N_NEW,
+                                     return_logits=True)
+  jac_new, jac_logits = generate(params, cfg, prompt, max_new_tokens=N_NEW, return_logits=True,
+                                 prefill="jacobi")
+  np.testing.assert_allclose(jac_logits, exact_logits, atol=1e-5)
+  np.testing.assert_array_equal(jac_new, exact_new)
+  from t2mlr_jax.model import modes
+  inp = modes.seq_inputs(jnp.asarray(prompt))
+  _, aux, _ = modes.jacobi_prefill(params, cfg, jnp.asarray(prompt), inp, tol=1e-6)
+  assert 1 <= int(aux["jacobi_sweeps"]) <= 12

@@ -20,7 +20,9 @@ import numpy as np
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence as rec
 from t2mlr_jax.model.layers import KV, attention_mask, rope_tables
-from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, parallel
+from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, jacobi_prefill, parallel
+
+PREFILLS = ("exact", "jacobi")
 from t2mlr_jax.model.transformer import embed, head, run_segment, segment_params
 
 
@@ -33,15 +35,18 @@ class DecodeState(NamedTuple):
 
 
 def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
-            recurrent_prompt: bool = True):
-  """Run the prompt exactly; returns (last-position logits [B,V], DecodeState).
+            recurrent_prompt: bool = True, method: str = "exact", tol=None):
+  """Run the prompt; returns (last-position logits [B,V], DecodeState).
 
-  With a non-recurrent prompt (all cf <= 1, known statically) the exact
-  recurrence is the parallel pass plus the raw cache of the last position.
+  method "exact": token by token through the recurrent block (the default);
+  "jacobi": parallel Jacobi sweeps until max|ΔR| < tol, capped at T sweeps (exact
+  by construction when tol is None). With a non-recurrent prompt (all cf <= 1,
+  known statically) both are the parallel pass plus the raw cache of the last position.
   """
   B, T = tokens_BT.shape
   if cfg.recurrence is not None and recurrent_prompt:
-    logits, _, (kvs, R) = exact(params, cfg, tokens_BT, inp)
+    run = exact if method == "exact" else functools.partial(jacobi_prefill, tol=tol)
+    logits, _, (kvs, R) = run(params, cfg, tokens_BT, inp)
   else:
     logits, kvs, outs = parallel(params, cfg, tokens_BT, inp)
     R = rec.zero_state(cfg, B)
@@ -99,9 +104,9 @@ def sample(logits_BV, key, temperature: float, top_k: Optional[int], top_p: Opti
 
 @functools.partial(jax.jit, static_argnames=(
     "cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id",
-    "prompt_control_flow", "return_logits"))
+    "prompt_control_flow", "return_logits", "prefill_method", "prefill_tol"))
 def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, top_k, top_p,
-              eos_id, prompt_control_flow, return_logits):
+              eos_id, prompt_control_flow, return_logits, prefill_method, prefill_tol):
   B, P = prompt.shape
   N = max_new_tokens
   pad = P - lengths
@@ -110,7 +115,8 @@ def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, to
   inp = SeqInputs(jnp.where(valid, prompt_control_flow, rec.CF_PAD).astype(jnp.int32),
                   jnp.maximum(t - pad[:, None], 0).astype(jnp.int32), None)
   logits, state = prefill(params, cfg, prompt, inp, P + N,
-                          recurrent_prompt=prompt_control_flow == rec.CF_RECURRENT)
+                          recurrent_prompt=prompt_control_flow == rec.CF_RECURRENT,
+                          method=prefill_method, tol=prefill_tol)
   keys = jax.random.split(rng, N)
   fill = 0 if eos_id is None else eos_id
   tokens = jnp.full((B, N), fill, jnp.int32)
@@ -146,7 +152,8 @@ def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
              temperature: float = 0.0, top_k: Optional[int] = None,
              top_p: Optional[float] = None, eos_id: Optional[int] = None, rng=None,
              prompt_lengths=None, prompt_control_flow: int = 2,
-             return_logits: bool = False):
+             return_logits: bool = False, prefill: str = "exact",
+             prefill_tol: Optional[float] = None):
   """New tokens [B, max_new_tokens] after `prompt_tokens` [B, P] (exact recurrence).
 
   Prompts are left-padded: row b's real tokens are its last prompt_lengths[b]
@@ -155,7 +162,14 @@ def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
   1 for SFT models trained with non-recurrent prompts, as the official
   generate()). After a row emits `eos_id`, it repeats eos_id. With
   return_logits, also the logits each token was chosen from [B, N, V].
+  prefill="jacobi" prefills the prompt with parallel Jacobi sweeps until
+  max|ΔR| < prefill_tol (at most P sweeps: exact when prefill_tol is None) instead
+  of token by token.
   """
+  if prefill not in PREFILLS:
+    raise ValueError(f"prefill={prefill!r} is invalid: allowed one of {PREFILLS}")
+  if prefill_tol is not None and not prefill_tol > 0:
+    raise ValueError(f"prefill_tol={prefill_tol!r} is invalid: allowed None or > 0")
   check_tokens(cfg, prompt_tokens, "prompt_tokens")
   B, P = prompt_tokens.shape
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
@@ -190,4 +204,4 @@ def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
   return _generate(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths, rng,
                    int(max_new_tokens), float(temperature), top_k,
                    None if top_p is None else float(top_p), eos_id, int(prompt_control_flow),
-                   return_logits)
+                   return_logits, prefill, None if prefill_tol is None else float(prefill_tol))

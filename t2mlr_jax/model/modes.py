@@ -127,74 +127,106 @@ def _max_abs(a):
   return jnp.max(jnp.abs(a))
 
 
+def _sweep(cfg, p_mid, p_rec, h_lo, R, rope, mask, inp: SeqInputs):
+  """One middle pass with the mixer on; returns the next shifted cache."""
+  x, _ = rec.inject(p_rec, cfg, h_lo, R, inp.control_flow)
+  o, _ = run_segment(p_mid, cfg, x, rope, mask)
+  return rec.shift_right(rec.write(p_rec, cfg, o, R, inp.control_flow), inp.positions)
+
+
+def _sweep0(cfg, p_mid, h_lo, rope, mask, inp: SeqInputs):
+  """Sweep 0: the plain middle block; its raw output, shifted, is the first cache."""
+  c, _ = run_segment(p_mid, cfg, h_lo, rope, mask)
+  c = jnp.where((inp.control_flow == rec.CF_PAD)[..., None], 0.0, c.astype(jnp.float32))
+  return rec.shift_right(c, inp.positions)
+
+
+def _iterate(sweep, R, delta, max_sweeps, tol):
+  """Up to `max_sweeps` sweeps (a fori_loop), or fewer once max|R_k - R_{k-1}| < tol
+  (a while_loop). Returns (R, delta of the last sweep, sweeps run)."""
+  if tol is None:
+    def body(_, carry):
+      R, _ = carry
+      R_new = sweep(R)
+      return R_new, _max_abs(R_new - R)
+    R, delta = jax.lax.fori_loop(0, max_sweeps, body, (R, delta))
+    return R, delta, jnp.asarray(max_sweeps, jnp.int32)
+
+  def cond(carry):
+    i, _, delta = carry
+    return (i < max_sweeps) & (delta >= tol)
+
+  def wbody(carry):
+    i, R, _ = carry
+    R_new = sweep(R)
+    return i + 1, R_new, _max_abs(R_new - R)
+  n_run, R, delta = jax.lax.while_loop(cond, wbody, (jnp.int32(0), R, delta))
+  return R, delta, n_run
+
+
 def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
            d_backward: int, tol: Optional[float]):
   """Jacobi fixed-point training forward. Returns (logits, aux)."""
   T = tokens_BT.shape[1]
   rope, mask = _context(cfg, inp, T)
-  cf, pos = inp.control_flow, inp.positions
   sg = jax.lax.stop_gradient
   h_lo, _ = _run(params, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
   p_mid, p_rec = _segment(params, cfg, "middle"), params["recurrence"]
-
-  def sweep(p_mid, p_rec, h, R):
-    """One middle pass with the mixer on: the next shifted cache."""
-    x, _ = rec.inject(p_rec, cfg, h, R, cf)
-    o, _ = run_segment(p_mid, cfg, x, rope, mask)
-    return rec.shift_right(rec.write(p_rec, cfg, o, R, cf), pos)
-
   n_grad = min(d_backward, d_forward - 1)      # middle sweeps with gradient
   n_free = d_forward - 1 - n_grad              # middle sweeps without
-  sweep0_grad = d_backward == d_forward
 
-  # Sweep 0: the plain middle block; its raw output, shifted, is the first cache.
-  p0, h0 = (p_mid, h_lo) if sweep0_grad else (sg(p_mid), sg(h_lo))
-  c, _ = run_segment(p0, cfg, h0, rope, mask)
-  c = jnp.where((cf == rec.CF_PAD)[..., None], 0.0, c.astype(jnp.float32))
-  R = rec.shift_right(c, pos)
+  if d_backward == d_forward:                  # every sweep, sweep 0 included, has gradient
+    R = _sweep0(cfg, p_mid, h_lo, rope, mask, inp)
+  else:
+    R = sg(_sweep0(cfg, sg(p_mid), sg(h_lo), rope, mask, inp))
   delta = _max_abs(R)
 
   # No-gradient sweeps: stop-gradient inputs and parameters keep no activations.
+  n_run = jnp.asarray(0, jnp.int32)
   if n_free:
     frozen = (sg(p_mid), sg(p_rec), sg(h_lo))
-    free_sweep = lambda R: sweep(*frozen, R)
-    if tol is None:
-      def body(_, carry):
-        R, _ = carry
-        R_new = free_sweep(R)
-        return R_new, _max_abs(R_new - R)
-      R, delta = jax.lax.fori_loop(0, n_free, body, (R, delta))
-      n_run = jnp.asarray(n_free, jnp.int32)
-    else:
-      def cond(carry):
-        i, _, delta = carry
-        return (i < n_free) & (delta >= tol)
-
-      def wbody(carry):
-        i, R, _ = carry
-        R_new = free_sweep(R)
-        return i + 1, R_new, _max_abs(R_new - R)
-      n_run, R, delta = jax.lax.while_loop(cond, wbody, (jnp.int32(0), R, delta))
+    free = lambda R: _sweep(cfg, *frozen, R, rope, mask, inp)
+    R, delta, n_run = _iterate(free, R, delta, n_free, tol)
     R = sg(R)
-  else:
-    n_run = jnp.asarray(0, jnp.int32)
 
   # The last D_b sweeps carry gradient.
   if n_grad:
     def gbody(R, _):
-      R_new = sweep(p_mid, p_rec, h_lo, R)
+      R_new = _sweep(cfg, p_mid, p_rec, h_lo, R, rope, mask, inp)
       return R_new, _max_abs(R_new - R)
     R, deltas = jax.lax.scan(gbody, R, None, length=n_grad)
     delta = deltas[-1]
 
   # Final pass through the mixed middle block and the layers above.
-  x, gates = rec.inject(p_rec, cfg, h_lo, R, cf)
+  x, gates = rec.inject(p_rec, cfg, h_lo, R, inp.control_flow)
   o, _ = run_segment(p_mid, cfg, x, rope, mask)
   y, _ = _run(params, cfg, "upper", o, rope, mask)
   aux = {"jacobi_residual": sg(delta),
          "jacobi_sweeps": 1 + n_run + n_grad,
-         **jax.tree.map(sg, rec.gate_means(gates, cf))}
+         **jax.tree.map(sg, rec.gate_means(gates, inp.control_flow))}
   return head(params, cfg, y), aux
+
+
+def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Optional[float]):
+  """Exact parallel prefill [ours]: Jacobi sweeps until max|ΔR| < tol, capped at T
+  sweeps (exact by construction then). Same outputs as `exact`, plus (sweeps, residual):
+  (logits, aux, (kvs, R_final))."""
+  T = tokens_BT.shape[1]
+  rope, mask = _context(cfg, inp, T)
+  h_lo, kv_lo = _run(params, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
+  p_mid, p_rec = _segment(params, cfg, "middle"), params["recurrence"]
+  R = _sweep0(cfg, p_mid, h_lo, rope, mask, inp)
+  sweep = lambda R: _sweep(cfg, p_mid, p_rec, h_lo, R, rope, mask, inp)
+  R, delta, n_run = _iterate(sweep, R, _max_abs(R), T - 1, tol)
+  cf = inp.control_flow
+  x, gates = rec.inject(p_rec, cfg, h_lo, R, cf)
+  o, kv_mid = run_segment(p_mid, cfg, x, rope, mask)
+  y, kv_up = _run(params, cfg, "upper", o, rope, mask)
+  R_final = rec.write(p_rec, cfg, o[:, -1:], R[:, -1:], cf[:, -1:])[:, 0]
+  kvs = {k: v for k, v in (("lower", kv_lo), ("middle", kv_mid), ("upper", kv_up))
+         if v is not None}
+  aux = {"jacobi_residual": delta, "jacobi_sweeps": 1 + n_run, **rec.gate_means(gates, cf)}
+  return head(params, cfg, y), aux, (kvs, R_final)
 
 
 # ----------------------------------------------------------------- public entry
