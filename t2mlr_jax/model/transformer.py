@@ -50,11 +50,11 @@ def head(params, cfg: ModelConfig, x_BTD):
   """Final RMSNorm and LM head; fp32 logits [B, T, V]."""
   dt = compute_dtype(cfg)
   x = RMSNorm(cfg.rms_norm_eps, dt).apply({"params": params["final_norm"]}, x_BTD)
-  if cfg.tie_embeddings:
-    w = params["embed"]["embedding"].astype(dt).T
-  else:
-    w = params["lm_head"]["kernel"].astype(dt)
-  return jnp.einsum("btd,dv->btv", x, w).astype(jnp.float32)
+  if cfg.tie_embeddings:     # contract with the [V, D] table directly: no transposed copy
+    return jnp.einsum("btd,vd->btv", x, params["embed"]["embedding"].astype(dt)
+                      ).astype(jnp.float32)
+  return jnp.einsum("btd,dv->btv", x, params["lm_head"]["kernel"].astype(dt)
+                    ).astype(jnp.float32)
 
 
 def segment_params(params, lo: int, hi: int):

@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 
 from t2mlr_jax import checkpoint as ckpt_lib
-from t2mlr_jax import sharding
+from t2mlr_jax import flops, sharding
 from t2mlr_jax.data.pipeline import make_iterator
 from t2mlr_jax.eval.runner import evaluate
 from t2mlr_jax.train import config as config_lib
@@ -103,6 +103,14 @@ def _init_from_pretrained(state, config, cfg, tx, shardings):
   return state.replace(params=params, opt_state=opt_state)
 
 
+def _step_flops(cfg, t, mode):
+  """Model FLOPs of one train step (SPEC §8 cost model; fixed sweeps), 0 if unknown."""
+  from t2mlr_jax.config import ModelConfig
+  if not isinstance(cfg, ModelConfig):
+    return 0.0
+  return flops.train_step_flops(cfg, t.batch_size, t.seq_len, mode)
+
+
 def train(config, workdir: str, *, progress: bool = True) -> dict:
   """Train (or resume) per `config` in `workdir`; returns the last logged metrics."""
   cfg = config_lib.validate(config)
@@ -152,6 +160,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   step = int(jax.device_get(state.step))
   stop_at = t.num_steps if t.stop_after_steps is None else t.stop_after_steps
   tokens_per_step = t.batch_size * t.seq_len
+  step_flops = _step_flops(cfg, t, mode)
   bar = Progress(t.num_steps, step, enabled=progress and is_main)
   window, last = [], {}
   window_start = time.perf_counter()
@@ -179,6 +188,12 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
           last["loss_last"] = float(np.asarray(fetched[-1]["loss"]))
           last["tokens_per_sec"] = len(window) * tokens_per_step / max(elapsed, 1e-9)
           last["steps_per_sec"] = len(window) / max(elapsed, 1e-9)
+          if step_flops:
+            achieved = step_flops * last["steps_per_sec"]
+            last["model_tflops_per_sec"] = achieved / 1e12
+            peak = flops.peak_flops()
+            if peak:
+              last["mfu"] = achieved / (peak * jax.device_count())
           writer.write(step, last)
           bar.update(len(window), loss=last["loss"], tok_s=int(last["tokens_per_sec"]))
           window, window_start = [], time.perf_counter()
