@@ -24,6 +24,9 @@ def get_config(variant: str = ""):
   target = model_config(c).num_params()
   c.model.arch = "lstm"
   c.model.tie_embeddings = True
+  # PyTorch's nn.Embedding init, N(0, 1): with Llama's 0.02 the tied LSTM stayed at
+  # chance on the S3 word problem (seq. acc. 0.02 at 4 actions after 2000 steps).
+  c.model.init_std = 1.0
   c.model.recurrence.type = "none"
   if variant == "paper":
     c.model.update(d_model=360, n_layers=4)

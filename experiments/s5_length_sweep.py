@@ -83,10 +83,17 @@ def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
                                      "d_forward": r.d_forward, "d_backward": r.d_backward}
     print(json.dumps({name: results[name]}), flush=True)
 
+  stem = os.path.join(out_dir, "s5_length_sweep" + ("" if preset == "word" else f"_{preset}"))
+  if os.path.exists(stem + ".json"):     # rerunning some models keeps the others' results
+    with open(stem + ".json") as f:
+      previous = json.load(f)
+    if previous.get("preset") == preset:
+      results = {**{k: v for k, v in previous["models"].items() if k not in results}, **results}
+      results = {k: results[k] for k in MODELS if k in results}
   ref = results.get("t2mlr_middle", next(iter(results.values())))["params"]
   report = {
       "preset": preset, "task": config.data.task, "group": config.data.group,
-      "command": "python experiments/s5_length_sweep.py " + " ".join(sys.argv[1:]),
+      "command": "python experiments/s5_length_sweep.py --preset=" + preset,
       "commit": _git_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
       "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                   "devices": [str(d) for d in jax.devices()]},
@@ -95,7 +102,6 @@ def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
       "models": results,
   }
   os.makedirs(out_dir, exist_ok=True)
-  stem = os.path.join(out_dir, "s5_length_sweep" + ("" if preset == "word" else f"_{preset}"))
   with open(stem + ".json", "w") as f:
     json.dump(report, f, indent=2)
   plot(report, stem + ".png")

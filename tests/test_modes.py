@@ -165,3 +165,21 @@ def test_jacobi_tolerance_stops_early_and_matches():
   assert int(aux_f["jacobi_sweeps"]) == 40
   assert int(aux_a["jacobi_sweeps"]) <= T + 3      # converges by T sweeps at the latest
   assert max_abs(fixed, adaptive) <= 1e-5
+
+
+def test_bf16_compute_keeps_fp32_params_and_recurrence():
+  cfg = tiny_cfg()
+  params = active_params(cfg)
+  tokens = random_tokens(cfg, 2, T)
+  bf16 = cfg.replace(dtype="bfloat16")
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  for mode in ("exact", "jacobi"):
+    kw = dict(d_forward=T) if mode == "jacobi" else {}
+    ref = forward(params, cfg, tokens, mode=mode, **kw)
+    out = forward(params, bf16, tokens, mode=mode, **kw)
+    assert out.dtype == jnp.float32 and np.isfinite(np.asarray(out)).all()
+    assert max_abs(out, ref) < 0.1          # bf16 activations, fp32 recurrence
+  from t2mlr_jax.model import recurrence as rec
+  h = jnp.ones((1, 2, cfg.d_model), jnp.bfloat16)
+  z = rec.write(params["recurrence"], bf16, h, jnp.zeros((1, 2, cfg.d_model)), jnp.array([[2, 2]]))
+  assert z.dtype == jnp.float32

@@ -22,7 +22,7 @@ class LSTMConfig(_Replaceable):
   d_model: int = 360          # embedding size = hidden size
   n_layers: int = 4
   tie_embeddings: bool = True
-  init_std: float = 0.02
+  init_std: float = 1.0         # embedding N(0, init_std): PyTorch's nn.Embedding default
   max_seq_len: int = 2048
 
   def __post_init__(self):
