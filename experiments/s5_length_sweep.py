@@ -113,10 +113,14 @@ def plot(report: dict, path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6.5, 4))
+  styles = {"t2mlr_middle": dict(marker="o", linestyle="-", linewidth=2.5, markersize=8),
+            "t2mlr_all_layers": dict(marker="^", linestyle="-"),
+            "transformer": dict(marker="s", linestyle="--"),
+            "lstm": dict(marker="x", linestyle=":", markersize=9)}
   for name, r in report["models"].items():
     lengths = sorted(int(n) for n in r["seq_acc_by_length"])
-    ax.plot(lengths, [r["seq_acc_by_length"][str(n)] for n in lengths], marker="o",
-            label=f"{name} ({r['params'] / 1e3:.0f}k params)")
+    ax.plot(lengths, [r["seq_acc_by_length"][str(n)] for n in lengths],
+            label=f"{name} ({r['params'] / 1e3:.0f}k params)", **styles.get(name, {}))
   max_train = max(r["train_actions"][1] for r in report["models"].values())
   ax.axvline(max_train, color="gray", linestyle="--", linewidth=1)
   ax.text(max_train, 1.02, " longest training length", color="gray", fontsize=8)
@@ -129,6 +133,12 @@ def plot(report: dict, path: str) -> None:
   fig.savefig(path, dpi=120)
 
 
+def replot(preset: str, out_dir: str) -> None:
+  stem = os.path.join(out_dir, "s5_length_sweep" + ("" if preset == "word" else f"_{preset}"))
+  with open(stem + ".json") as f:
+    plot(json.load(f), stem + ".png")
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--preset", choices=sorted(PRESETS), default="word")
@@ -137,7 +147,10 @@ def main():
   p.add_argument("--steps", type=int, default=None, help="override train.num_steps")
   p.add_argument("--workroot", default=os.path.join(ROOT, "workdirs", "s5_length_sweep"))
   p.add_argument("--out", default=os.path.join(ROOT, "experiments", "results"))
+  p.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON only")
   args = p.parse_args()
+  if args.replot:
+    return replot(args.preset, args.out)
   models = [m for m in args.models.split(",") if m]
   unknown = sorted(set(models) - set(MODELS))
   if unknown:
