@@ -19,7 +19,7 @@ import numpy as np
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence as rec
-from t2mlr_jax.model.layers import KV, attention_mask, rope_tables
+from t2mlr_jax.model.layers import KV, attention_mask, rope_tables, write_kv
 from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, jacobi_prefill, parallel
 
 PREFILLS = ("exact", "jacobi")
@@ -75,8 +75,9 @@ def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B):
     if name == "middle":
       R_read = jnp.where((pos == 0)[..., None], 0.0, R[:, None])
       x, _ = rec.inject(params["recurrence"], cfg, x, R_read, cf)
-    x, kv[name] = run_segment(segment_params(params, lo, hi), cfg, x, rope, mask,
-                              state.kv[name], idx)
+    x, new_kv = run_segment(segment_params(params, lo, hi), cfg, x, rope, mask,
+                            state.kv[name], idx)
+    kv[name] = write_kv(state.kv[name], new_kv, idx, axis=2)
     if name == "middle":
       R = rec.write(params["recurrence"], cfg, x, R_read, cf)[:, 0]
   logits = head(params, cfg, x)[:, 0]

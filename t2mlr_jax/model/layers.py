@@ -101,6 +101,19 @@ def attention_mask(q_slot_BT, k_valid_BS, q_seg_BT=None, k_seg_BS=None):
   return mask
 
 
+def _masked_softmax(logits, mask_BTS):
+  """Softmax over keys; a query with no visible key (padding) attends to nothing."""
+  m = mask_BTS[:, None, None]
+  return jnp.where(m, jax.nn.softmax(jnp.where(m, logits, NEG_INF), axis=-1), 0.0)
+
+
+def write_kv(cache: "KV", new: "KV", index, axis: int = 1) -> "KV":
+  """Write the new tokens' keys/values into a preallocated cache at `index` (in place
+  when the cache is a loop carry)."""
+  put = lambda c, n: jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), index, axis=axis)
+  return KV(put(cache.k, new.k), put(cache.v, new.v))
+
+
 class KV(NamedTuple):
   """Keys and values of one layer (or a stack of layers: a leading layer axis)."""
   k: jnp.ndarray   # [B, S, N_kv, K]
@@ -124,23 +137,28 @@ class Attention(nn.Module):
     k = dense(Nk * K, "k", cfg.qkv_bias)(x_BTD).reshape(B, T, Nk, K)
     v = dense(Nk * K, "v", cfg.qkv_bias)(x_BTD).reshape(B, T, Nk, K)
     q, k = apply_rope(q, rope), apply_rope(k, rope)
-    if kv is None:
-      keys, values = k, v
-    else:   # write the new keys into the preallocated cache at `index`
-      keys = jax.lax.dynamic_update_slice_in_dim(kv.k, k.astype(kv.k.dtype), index, axis=1)
-      values = jax.lax.dynamic_update_slice_in_dim(kv.v, v.astype(kv.v.dtype), index, axis=1)
-    S = keys.shape[1]
-    chex.assert_shape(mask_BTS, (B, T, S))
     q = q.reshape(B, T, Nk, N // Nk, K)
-    logits = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(dt)).astype(jnp.float32)
-    logits = logits / math.sqrt(K)
-    logits = jnp.where(mask_BTS[:, None, None, :, :], logits, NEG_INF)
-    # A query with no visible key (a padding position) attends to nothing.
-    probs = jnp.where(mask_BTS[:, None, None], jax.nn.softmax(logits, axis=-1), 0.0).astype(dt)
-    out = jnp.einsum("bngts,bsnk->btngk", probs, values.astype(dt)).reshape(B, T, N * K)
+    scores = lambda keys: jnp.einsum("btngk,bsnk->bngts", q, keys.astype(dt)
+                                     ).astype(jnp.float32) / math.sqrt(K)
+    if kv is None:          # a full sequence: its own keys, mask [B, T, T]
+      chex.assert_shape(mask_BTS, (B, T, T))
+      probs = _masked_softmax(scores(k), mask_BTS).astype(dt)
+      out = jnp.einsum("bngts,bsnk->btngk", probs, v)
+    else:                   # one new token over a cache that does not hold it yet
+      S = kv.k.shape[1]
+      chex.assert_shape(mask_BTS, (B, 1, S))
+      # cached slots visible to the query (the slot `index` is the new token's own)
+      cache_mask = mask_BTS & (jnp.arange(S) != index)[None, None, :]
+      new_mask = jax.lax.dynamic_slice_in_dim(mask_BTS, index, 1, axis=2)
+      logits = jnp.concatenate([scores(kv.k), scores(k)], axis=-1)
+      probs = _masked_softmax(logits, jnp.concatenate([cache_mask, new_mask], axis=-1))
+      probs = probs.astype(dt)
+      out = (jnp.einsum("bngts,bsnk->btngk", probs[..., :S], kv.v.astype(dt))
+             + jnp.einsum("bngts,bsnk->btngk", probs[..., S:], v))
+    out = out.reshape(B, T, N * K)
     y = nn.Dense(cfg.d_model, use_bias=False, dtype=dt, param_dtype=jnp.float32,
                  kernel_init=dense_init(cfg), name="o")(out)
-    return y, KV(keys, values)
+    return y, KV(k, v)
 
 
 class MLP(nn.Module):

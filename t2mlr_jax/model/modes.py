@@ -23,7 +23,7 @@ import numpy as np
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence as rec
-from t2mlr_jax.model.layers import KV, Rope, attention_mask, rope_tables
+from t2mlr_jax.model.layers import KV, Rope, attention_mask, rope_tables, write_kv
 from t2mlr_jax.model.transformer import embed, head, run_segment, segment_params
 
 MODES = ("parallel", "exact", "jacobi")
@@ -103,7 +103,8 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs):
     h_B1D, cf_B1, pos_B1, rope_t, mask_B1S, t = xs
     R_read = jnp.where((pos_B1 == 0)[..., None], 0.0, R_BD[:, None, :])
     x, gates = rec.inject(p_rec, cfg, h_B1D, R_read, cf_B1)
-    o, kv = run_segment(p_mid, cfg, x, rope_t, mask_B1S, kv, t)
+    o, new_kv = run_segment(p_mid, cfg, x, rope_t, mask_B1S, kv, t)
+    kv = write_kv(kv, new_kv, t, axis=2)
     R_new = rec.write(p_rec, cfg, o, R_read, cf_B1)[:, 0]
     return (R_new, kv), (o[:, 0], gates)
 

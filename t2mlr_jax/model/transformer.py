@@ -72,11 +72,11 @@ def _remat(cfg: ModelConfig, fn):
 
 def run_segment(layer_params, cfg: ModelConfig, x_BTD, rope, mask_BTS,
                 kv: Optional[KV] = None, index=None):
-  """Run a stacked slice of layers; returns (x, KV stacked over the slice's layers).
+  """Run a stacked slice of layers; returns (x, the new keys/values [n, B, T, N_kv, K]).
 
-  With `kv` (a stacked cache [n, B, S, N_kv, K]) the new keys are written at
-  `index` and the returned KV is the updated cache; without it the returned KV
-  holds the keys/values the layers computed for these T positions.
+  With `kv` (a stacked cache [n, B, S, N_kv, K] that does not hold the new token
+  yet) one token attends to the cache and itself; the caller writes the returned
+  keys into the cache at `index` (`layers.write_kv`, axis 2), in place in a loop.
   """
   block = Block(cfg)
 

@@ -1,0 +1,123 @@
+"""Accelerator numbers in a few minutes on one GPU or TPU chip (issue 6, target 6):
+MFU of the baseline and T2MLR (Jacobi 16/4) train steps and greedy decode tokens/s,
+bf16 compute with fp32 master weights, at the SmolLM2-135M and -360M shapes.
+
+    python experiments/bench_accel.py                       # writes results/bench_accel.json
+    python experiments/bench_accel.py --shapes smollm2-135m --steps 5   # quicker
+
+The CPU is never the default device elsewhere; this script refuses to run on one
+unless --allow-cpu (then at a toy size, to check the script itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
+
+BLOCKS = {"smollm2-135m": (13, 18), "smollm2-360m": (13, 19)}
+
+
+def train_mfu(cfg, batch, seq_len, mode, steps, num_steps_schedule=1000):
+  import jax
+  import numpy as np
+
+  from t2mlr_jax import flops, sharding
+  from t2mlr_jax.train.config import base_config
+  from t2mlr_jax.train.optimizer import make_optimizer
+  from t2mlr_jax.train.step import create_state, make_train_step
+  mesh = sharding.make_mesh({"data": -1})
+  tx, schedule = make_optimizer(base_config().optimizer, num_steps_schedule)
+  state = create_state(cfg, tx, jax.random.PRNGKey(0), mesh)
+  step = make_train_step(cfg, tx, schedule, mode, mesh)
+  rng = np.random.RandomState(0)
+  tokens = rng.randint(0, cfg.vocab_size, (batch, seq_len)).astype(np.int32)
+  data = {"input_ids": tokens, "target_ids": np.roll(tokens, -1, 1),
+          "control_flow": np.full_like(tokens, 2)}
+  data = {k: jax.device_put(v, sharding.batch_sharding(mesh)) for k, v in data.items()}
+  start = time.perf_counter()
+  state, m = step(state, data)
+  jax.block_until_ready(m)
+  compile_s = time.perf_counter() - start
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    state, m = step(state, data)
+    jax.block_until_ready(m)
+    times.append(time.perf_counter() - t0)
+  sec = bc.median(times)
+  model_flops = flops.train_step_flops(cfg, batch, seq_len, mode)
+  return {"batch": batch, "seq_len": seq_len, "mode": mode, "ms_per_step": round(sec * 1e3, 2),
+          "tokens_per_s": round(batch * seq_len / sec), "compile_s": round(compile_s, 1),
+          "model_tflops_per_s": round(model_flops / sec / 1e12, 2),
+          "mfu": flops.mfu(model_flops, sec, jax.device_count()),
+          "loss": float(m["loss"])}
+
+
+def decode_tps(cfg, batch, prompt, new, repeats):
+  import jax
+  import numpy as np
+
+  import t2mlr_jax
+  params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
+  tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (batch, prompt)).astype(np.int32)
+  run = lambda n: (lambda: t2mlr_jax.generate(params, cfg, tokens, max_new_tokens=n))
+  run(new)(), run(1)()
+  times = bc.alternate({"n": run(new), "one": run(1)}, repeats)
+  per_step = (bc.median(times["n"]) - bc.median(times["one"])) / (new - 1)
+  return {"batch": batch, "prompt": prompt, "new": new, "ms_per_step": round(per_step * 1e3, 3),
+          "tokens_per_s": round(batch / per_step, 1)}
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--shapes", default="smollm2-135m,smollm2-360m")
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--seq_len", type=int, default=2048)
+  p.add_argument("--allow-cpu", dest="allow_cpu", action="store_true")
+  p.add_argument("--out", default="bench_accel.json")
+  args = p.parse_args()
+
+  import jax
+
+  from t2mlr_jax import ModelConfig, T2MLRConfig
+  on_cpu = jax.devices()[0].platform == "cpu"
+  if on_cpu and not args.allow_cpu:
+    p.error("no accelerator found (pass --allow-cpu to check the script at toy size)")
+  results = {"device": str(jax.devices()[0].device_kind), "device_count": jax.device_count(),
+             "shapes": {}}
+  for shape in args.shapes.split(","):
+    l_start, l_end = BLOCKS[shape]
+    cfg = ModelConfig.preset(shape, dtype="bfloat16",
+                             recurrence=T2MLRConfig(l_start=l_start, l_end=l_end))
+    batch, seq_len = args.batch, args.seq_len
+    if on_cpu:      # toy size: only checks that the script runs
+      cfg = cfg.replace(n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16,
+                        d_ff=128, vocab_size=512, dtype="float32",
+                        recurrence=T2MLRConfig(l_start=1, l_end=2))
+      batch, seq_len = 2, 64
+    row = {"baseline_train": train_mfu(cfg.replace(recurrence=None), batch, seq_len,
+                                       "parallel", args.steps),
+           "t2mlr_train": train_mfu(cfg, batch, seq_len, "jacobi", args.steps)}
+    row["t2mlr_step_ratio"] = round(row["t2mlr_train"]["ms_per_step"] /
+                                    row["baseline_train"]["ms_per_step"], 3)
+    for b in (1, 64):
+      row[f"decode_b{b}"] = decode_tps(cfg, b, 128, 128, 3)
+      row[f"decode_b{b}_base"] = decode_tps(cfg.replace(recurrence=None), b, 128, 128, 3)
+    results["shapes"][shape] = row
+    print(shape, row, flush=True)
+  out = os.environ.get("OUT")     # the device tool's output folder, when there is one
+  path = bc.write_json(args.out, results)
+  if out:
+    import shutil
+    shutil.copy(path, os.path.join(out, args.out))
+  print("wrote", path)
+
+
+if __name__ == "__main__":
+  main()
