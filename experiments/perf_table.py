@@ -1,0 +1,135 @@
+"""README's Performance section, generated from the benchmark JSON files.
+
+    python experiments/perf_table.py            # print the markdown
+    python experiments/perf_table.py --write    # replace it between the README markers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "experiments", "results")
+START, END = "<!-- perf:start -->", "<!-- perf:end -->"
+
+
+def _load(name):
+  path = os.path.join(RESULTS, name)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _machine(d) -> str:
+  m = d["machine"]
+  return f"{m.get('cpu_model', m['platform'])}, {m['cpus']} cores, jax {m['jax']}, commit {m['commit']}"
+
+
+def decode_rows(d) -> list[str]:
+  out = [f"**Decode** (`python experiments/bench_decode.py`; {_machine(d)}). "
+         f"{d['shape']} with T2MLR on layers {d['recurrent_block'][0]}–"
+         f"{d['recurrent_block'][1]}, random weights, fp32, greedy, prompt {d['prompt']}, "
+         f"{d['new_tokens']} new tokens; per-token medians, runs alternated. Weights "
+         f"{d['weight_bytes'] / 1e6:.0f} MB at a measured {d['read_bandwidth_gbs']} GB/s: "
+         f"streaming floor {d['weight_streaming_floor_ms']} ms/token.", "",
+         "| batch | T2MLR ms/token | plain ms/token | T2MLR overhead | × floor | HF generate ms/token | speed-up vs HF |",
+         "|---|---|---|---|---|---|---|"]
+  for b, r in d["batches"].items():
+    hf = r.get("hf_ms_per_token")
+    hf_ms = "–" if hf is None else f"{hf:.1f}"
+    speedup = "–" if hf is None else "{:.2f}×".format(r["speedup_vs_hf"])
+    out.append(f"| {b} | {r['t2mlr_ms_per_token']:.1f} | {r['base_ms_per_token']:.1f} | "
+               f"{100 * r['t2mlr_overhead']:+.1f}% | {r['t2mlr_vs_floor']:.2f} | "
+               f"{hf_ms} | {speedup} |")
+  return out
+
+
+def train_rows(d, name) -> list[str]:
+  out = []
+  if "step" in d:
+    s = d["step"]
+    out += [f"**Train step** (`python experiments/bench_train.py --shape={name}`; "
+            f"{_machine(d)}). B={s['batch']}, T={s['seq_len']}, fp32, γ = {s['gamma']} "
+            f"(recurrence on), Jacobi {s['d_forward']}/{s['d_backward']}; medians, "
+            "alternated.", "",
+            "| step | ms | × baseline | sweeps |", "|---|---|---|---|",
+            f"| baseline (no recurrence) | {s['ms_per_step']['baseline']:.0f} | 1.00 | – |",
+            f"| Jacobi, fixed sweeps | {s['ms_per_step']['jacobi_fixed']:.0f} | "
+            f"{s['ratio_to_baseline']['jacobi_fixed']:.2f} | {s['sweeps']['fixed']} |",
+            f"| Jacobi, jacobi_tol={s['jacobi_tol']} | {s['ms_per_step']['jacobi_tol']:.0f} | "
+            f"{s['ratio_to_baseline']['jacobi_tol']:.2f} | {s['sweeps']['tol']} |", "",
+            f"Loss, fixed vs adaptive sweeps: {s['loss']['fixed']:.6f} vs {s['loss']['tol']:.6f}.",
+            ""]
+  if "memory" in d:
+    m = d["memory"]
+    out.append("Peak temporary memory of the compiled step (XLA `memory_analysis`, MB):")
+    out.append("")
+    out.append("| remat | " + " | ".join(f"D_f={k}" for k in m["by_d_forward"]["none"]) +
+               " | " + " | ".join(f"D_b={k}" for k in m["by_d_backward"]["none"]) + " |")
+    out.append("|---" * (1 + len(m["by_d_forward"]["none"]) + len(m["by_d_backward"]["none"]))
+               + "|")
+    for remat in m["by_d_forward"]:
+      f = " | ".join(f"{v / 1e6:.0f}" for v in m["by_d_forward"][remat].values())
+      b = " | ".join(f"{v / 1e6:.0f}" for v in m["by_d_backward"][remat].values())
+      out.append(f"| {remat} | {f} | {b} |")
+    out.append("")
+  if "compile" in d:
+    c = d["compile"]
+    out.append(f"Compile time of the {c['n_layers']}-layer Jacobi train step: "
+               f"{c['scanned']} s scanned, {c['unrolled']} s unrolled.")
+    out.append("")
+  return out
+
+
+def prefill_rows(d) -> list[str]:
+  out = [f"**Exact parallel prefill** (`python experiments/bench_prefill.py`; "
+         f"{_machine(d)}): Jacobi sweeps until max|ΔR| < {d['tol']} (at most T) vs "
+         "token-by-token exact prefill, batch 1.", "",
+         "| model | T | exact ms | Jacobi ms | speed-up | sweeps | max logit diff |",
+         "|---|---|---|---|---|---|---|"]
+  for model, rows in d["models"].items():
+    for T, r in rows.items():
+      out.append(f"| {model} | {T} | {r['exact_ms']:.0f} | {r['jacobi_ms']:.0f} | "
+                 f"{r['speedup']:.2f}× | {r['sweeps']} | {r['max_logit_diff']:.1e} |")
+  return out
+
+
+def table() -> str:
+  parts = []
+  d = _load("bench_decode.json")
+  if d:
+    parts += decode_rows(d) + [""]
+  for name in ("smollm2-135m", "s5"):
+    t = _load(f"bench_train_{name}.json")
+    if t:
+      parts += train_rows(t, name)
+  p = _load("bench_prefill.json")
+  if p:
+    parts += prefill_rows(p) + [""]
+  return "\n".join(parts).rstrip() + "\n"
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--write", action="store_true")
+  args = ap.parse_args()
+  text = table()
+  if not args.write:
+    print(text)
+    return
+  readme = os.path.join(ROOT, "README.md")
+  with open(readme) as f:
+    s = f.read()
+  if START not in s or END not in s:
+    raise SystemExit(f"README has no {START} ... {END} markers")
+  head, rest = s.split(START, 1)
+  _, tail = rest.split(END, 1)
+  with open(readme, "w") as f:
+    f.write(head + START + "\n" + text + END + tail)
+
+
+if __name__ == "__main__":
+  main()
