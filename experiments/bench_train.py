@@ -153,6 +153,13 @@ def main():
       p.error(f"unknown part {part!r}")
     print(part, {k: v for k, v in results[part].items() if k != "raw_seconds"}, flush=True)
   out = args.out or f"bench_train_{args.shape}.json"
+  previous = os.path.join(bc.RESULTS, out)
+  if os.path.exists(previous):          # keep the parts not rerun
+    import json
+    with open(previous) as f:
+      old = json.load(f)
+    results = {**{k: v for k, v in old.items() if k in ("step", "memory", "compile")},
+               **results}
   print("wrote", bc.write_json(out, results))
 
 

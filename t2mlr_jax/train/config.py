@@ -94,7 +94,7 @@ def model_config(config) -> Union[ModelConfig, LSTMConfig]:
     return LSTMConfig(vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers,
                       tie_embeddings=m.tie_embeddings, init_std=m.init_std,
                       max_seq_len=m.max_seq_len)
-  if m.init_from:
+  if m.get("init_from"):
     return _init_from_config(config)
   rec = _recurrence(config)
   return ModelConfig(
@@ -151,7 +151,7 @@ def validate(config):
     _fail("optimizer.grad_clip", o.grad_clip, ">= 0 (0 disables clipping)")
   if not o.recurrence_lr_mult > 0:
     _fail("optimizer.recurrence_lr_mult", o.recurrence_lr_mult, "> 0")
-  if config.model.get("init_required", False) and not config.model.init_from:
+  if config.model.get("init_required", False) and not config.model.get("init_from"):
     _fail("model.init_from", config.model.init_from,
           "a Hugging Face directory or parameter export (this config fine-tunes a "
           "pretrained model: --config.model.init_from=DIR)")
