@@ -8,7 +8,7 @@ sharding), optionally shuffled with a seed, and yields numpy dicts of
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import grain
 import numpy as np
@@ -47,12 +47,12 @@ def _check_split(global_batch: int, process_count: int) -> int:
 
 def make_iterator(source, *, global_batch: int, seq_len: int, pad_id: int = 0,
                   shuffle: bool = False, seed: int = 0, num_threads: int = 1,
-                  prefetch: int = 4, process_index: Optional[int] = None,
-                  process_count: Optional[int] = None) -> grain.DatasetIterator:
-  """Batches of this process's share of `source` (a random-access source of example dicts)."""
-  import jax
-  process_index = jax.process_index() if process_index is None else process_index
-  process_count = jax.process_count() if process_count is None else process_count
+                  prefetch: int = 4, process_index: int = 0,
+                  process_count: int = 1) -> grain.DatasetIterator:
+  """Batches of this process's share of `source` (a random-access source of example dicts).
+
+  Multi-host callers pass jax.process_index()/process_count(); this module stays JAX-free.
+  """
   per_process = _check_split(global_batch, process_count)
   ds = grain.MapDataset.source(source)
   if shuffle:

@@ -131,7 +131,9 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   source = task.train_source(config, t.num_steps * t.batch_size)
   data_iter = make_iterator(source, global_batch=t.batch_size, seq_len=t.seq_len,
                             shuffle=config.data.shuffle, seed=t.seed,
-                            num_threads=config.data.num_threads, prefetch=config.data.prefetch)
+                            num_threads=config.data.num_threads, prefetch=config.data.prefetch,
+                            process_index=jax.process_index(),
+                            process_count=jax.process_count())
   shardings = state_shardings(cfg, tx, mesh)
   writer = MetricsWriter(workdir, enabled=is_main)
   latest = ckpt.latest_step()
