@@ -78,7 +78,7 @@ def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, ch
   tokenizer = load_tokenizer(tokenizer_dir or model)
   cfg, params = load_model(model)
   if task in downstream.GENERATION_TASKS:
-    records = sft.read_jsonl(data)[:limit]
+    records = sft.read_records(data)[:limit]   # JSONL or tfds:NAME:SPLIT
     return downstream.evaluate_generation(
         task, params, cfg, tokenizer, records, chat=chat, max_new_tokens=max_new_tokens,
         batch_size=batch_size, prompt_control_flow=prompt_control_flow, add_bos=add_bos)

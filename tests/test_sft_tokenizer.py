@@ -85,3 +85,46 @@ def test_jsonl_formats_and_errors(tmp_path, tok_dir):
   broken.write_text('{"prompt": \n')
   with pytest.raises(ValueError, match="broken.jsonl:1"):
     sft.read_jsonl(str(broken))
+
+
+def _prepare_tfds(data_dir: str, records: list[dict]) -> None:
+  """A tiny GSM8K-Aug-shaped TFDS dataset, prepared locally in the ArrayRecord format."""
+  import tensorflow_datasets as tfds
+
+  class TinyGsm8kAug(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+          "question": tfds.features.Text(), "answer": tfds.features.Text(),
+          "steps": tfds.features.Sequence(tfds.features.Text())}))
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      yield from enumerate(records)
+
+  TinyGsm8kAug(data_dir=data_dir, file_format="array_record").download_and_prepare()
+
+
+def test_tfds_records_equal_the_jsonl_ones(tmp_path, tok_dir):
+  records = gsm8k_aug_records(4, seed=3)
+  data_dir = str(tmp_path / "tfds")
+  _prepare_tfds(data_dir, records)
+  read = sft.read_records("tfds:tiny_gsm8k_aug:train", data_dir)
+  assert sorted(read, key=lambda r: r["question"]) == sorted(records, key=lambda r: r["question"])
+  path = tmp_path / "d.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in read))
+  tok = load_tokenizer(tok_dir)
+  from_tfds = sft.SFTSource("tfds:tiny_gsm8k_aug:train[:3]", tok, seq_len=128,
+                            tfds_data_dir=data_dir)
+  from_jsonl = sft.SFTSource(str(path), tok, seq_len=128, limit=3)
+  assert from_tfds.num_records == 3 and len(from_tfds) == len(from_jsonl)
+  for i in range(len(from_tfds)):
+    for key in from_tfds[i]:
+      np.testing.assert_array_equal(from_tfds[i][key], from_jsonl[i][key])
+  with pytest.raises(ValueError, match="cannot read TFDS dataset 'no_such_set'"):
+    sft.read_records("tfds:no_such_set:train", data_dir)
+  with pytest.raises(ValueError, match="tfds:NAME:SPLIT"):
+    sft.read_records("tfds:train", data_dir)

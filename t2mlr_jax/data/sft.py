@@ -1,4 +1,5 @@
-"""Supervised fine-tuning data: GSM8K-Aug and {prompt, response} JSONL records.
+"""Supervised fine-tuning data: GSM8K-Aug and {prompt, response} records, from JSONL
+files or prepared TensorFlow Datasets (`tfds:NAME:SPLIT`).
 
 A record becomes one example: the prompt is non-recurrent (cf 1), the response
 and its EOS recurrent (cf 2), and only the response (with EOS) is supervised
@@ -37,6 +38,52 @@ def read_jsonl(path: str) -> list[dict]:
   if not records:
     raise ValueError(f"{path} holds no records")
   return records
+
+
+TFDS_PREFIX = "tfds:"
+
+
+def _to_text(value):
+  """tfds yields Text features as bytes (and sequences as lists/arrays of bytes)."""
+  if isinstance(value, bytes):
+    return value.decode("utf-8")
+  if isinstance(value, np.ndarray):
+    return _to_text(value.tolist()) if value.dtype.kind in "OSU" else value
+  if isinstance(value, (list, tuple)):
+    return [_to_text(v) for v in value]
+  if isinstance(value, dict):
+    return {k: _to_text(v) for k, v in value.items()}
+  return value
+
+
+def read_tfds(spec: str, data_dir: Optional[str] = None) -> list[dict]:
+  """Records of a prepared TFDS dataset: spec = "NAME:SPLIT" (NAME may carry /config and
+  :version; SPLIT takes TFDS slicing, e.g. train[:1000]). Read through
+  `tfds.data_source` (ArrayRecord, random access, no TensorFlow); nothing is downloaded."""
+  head, bracket, slicing = spec.partition("[")      # slicing may hold ':' itself
+  name, sep, split = head.rpartition(":")
+  split += bracket + slicing
+  if not sep or not name or not split:
+    raise ValueError(f"data path {TFDS_PREFIX + spec!r} is invalid: allowed "
+                     f"'{TFDS_PREFIX}NAME:SPLIT', e.g. 'tfds:gsm8k:train'")
+  import tensorflow_datasets as tfds
+  try:
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  except Exception as e:     # tfds raises several types; all mean "not readable here"
+    raise ValueError(f"cannot read TFDS dataset {name!r} split {split!r} from data_dir="
+                     f"{data_dir or 'the TFDS default'}: {str(e).splitlines()[0]} (prepare it "
+                     "with tfds build, in the ArrayRecord format)") from e
+  records = [_to_text(dict(source[i])) for i in range(len(source))]
+  if not records:
+    raise ValueError(f"TFDS dataset {name!r} split {split!r} holds no records")
+  return records
+
+
+def read_records(path: str, tfds_data_dir: Optional[str] = None) -> list[dict]:
+  """Records from a JSONL file or, for paths 'tfds:NAME:SPLIT', a prepared TFDS dataset."""
+  if path.startswith(TFDS_PREFIX):
+    return read_tfds(path[len(TFDS_PREFIX):], tfds_data_dir)
+  return read_jsonl(path)
 
 
 def detect_format(record: dict) -> str:
@@ -140,12 +187,14 @@ def _pack_row(row: list[dict], seq_len: int) -> dict[str, np.ndarray]:
 
 
 class SFTSource:
-  """Random-access source of tokenized (optionally packed) SFT examples from JSONL."""
+  """Random-access source of tokenized (optionally packed) SFT examples from a JSONL
+  file or a TFDS dataset (`read_records`)."""
 
   def __init__(self, path: str, tokenizer, *, seq_len: int, fmt: str = "auto",
                chat: bool = False, add_bos: bool = False, packed: bool = True,
-               too_long: str = "error", limit: Optional[int] = None):
-    records = read_jsonl(path)[:limit]
+               too_long: str = "error", limit: Optional[int] = None,
+               tfds_data_dir: Optional[str] = None):
+    records = read_records(path, tfds_data_dir)[:limit]
     examples = [tokenize_record(r, tokenizer, fmt=fmt, chat=chat, add_bos=add_bos)
                 for r in records]
     if packed:

@@ -1,5 +1,6 @@
 """S5 metrics: sequence accuracy (every supervised position right), overall and per
-number of actions, plus state-token and value accuracy separately."""
+number of actions, plus state-token and value accuracy separately (overall and per
+number of actions: a model can track the state at a length and still fail retrieval)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class S5Metrics(SequenceMetrics):
     super().__init__()
     self.by_length_right = defaultdict(int)
     self.by_length_total = defaultdict(int)
+    self.by_length_tokens = defaultdict(float)   # (name, n, "right" | "total") -> count
 
   def update_rows(self, right, supervised, rows, batch) -> None:
     masks = s5.position_masks(batch)
@@ -26,6 +28,10 @@ class S5Metrics(SequenceMetrics):
       m = masks[name] & supervised
       self.counts[f"{name}_right"] += float((right & m).sum())
       self.counts[f"{name}_total"] += float(m.sum())
+      for b in rows:
+        n = int(n_actions[b])
+        self.by_length_tokens[name, n, "right"] += float((right[b] & m[b]).sum())
+        self.by_length_tokens[name, n, "total"] += float(m[b].sum())
 
   def result(self) -> dict:
     out = super().result()
@@ -34,4 +40,9 @@ class S5Metrics(SequenceMetrics):
         out[f"{name}_acc"] = self.counts[f"{name}_right"] / self.counts[f"{name}_total"]
     out["seq_acc_by_length"] = {str(n): self.by_length_right[n] / self.by_length_total[n]
                                 for n in sorted(self.by_length_total)}
+    for name in ("state", "value"):
+      per_n = {str(n): self.by_length_tokens[name, n, "right"] / self.by_length_tokens[name, n, "total"]
+               for n in sorted(self.by_length_total) if self.by_length_tokens[name, n, "total"]}
+      if per_n:
+        out[f"{name}_acc_by_length"] = per_n
     return out

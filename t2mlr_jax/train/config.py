@@ -50,7 +50,8 @@ def base_config() -> config_dict.ConfigDict:
                 dict_size=config_dict.placeholder(int), retrieval=True,
                 curriculum_start=config_dict.placeholder(int), curriculum_steps=0,
                 va_depth=2, path=config_dict.placeholder(str),
-                eval_path=config_dict.placeholder(str), format="auto",
+                eval_path=config_dict.placeholder(str), tfds_data_dir=config_dict.placeholder(str),
+                format="auto",
                 tokenizer=config_dict.placeholder(str), chat=False, add_bos=False,
                 packed=True, too_long="error", eval_limit=256,
                 shuffle=False, num_threads=1, prefetch=4)

@@ -122,18 +122,21 @@ def _tokenizer(config):
 
 
 @functools.lru_cache(maxsize=4)
-def _sft_examples(path, tokenizer_dir, seq_len, fmt, chat, add_bos, packed, too_long, limit):
+def _sft_examples(path, tokenizer_dir, seq_len, fmt, chat, add_bos, packed, too_long, limit,
+                  tfds_data_dir):
   from t2mlr_jax.data.tokenizer import load_tokenizer
   return sft.SFTSource(path, load_tokenizer(tokenizer_dir), seq_len=seq_len, fmt=fmt, chat=chat,
-                       add_bos=add_bos, packed=packed, too_long=too_long, limit=limit)
+                       add_bos=add_bos, packed=packed, too_long=too_long, limit=limit,
+                       tfds_data_dir=tfds_data_dir)
 
 
 def _sft_source_for(config, path, packed, limit=None):
   d = config.data
   if not path:
-    _fail("data.path", path, "a JSONL file of {question, steps, answer} or {prompt, response}")
+    _fail("data.path", path, "a JSONL file or 'tfds:NAME:SPLIT' of {question, steps, answer} "
+          "or {prompt, response} records")
   return _sft_examples(path, d.tokenizer or config.model.init_from, config.train.seq_len,
-                       d.format, d.chat, d.add_bos, packed, d.too_long, limit)
+                       d.format, d.chat, d.add_bos, packed, d.too_long, limit, d.tfds_data_dir)
 
 
 def _sft_train_source(config, num_examples):
