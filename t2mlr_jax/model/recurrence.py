@@ -18,7 +18,7 @@ plus `zero_state`. Everything runs in fp32 whatever the compute dtype.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -41,8 +41,28 @@ class GateStats(NamedTuple):
   s_cur: jnp.ndarray   # [B, T, D] current gate σ(f_cur g)
 
 
+class _LinearParams(nn.Module):
+  """The kernel [in, out] (and bias) of a Linear, declared exactly as nn.Dense declares
+  them (same names, order and RNG stream) but returned instead of applied."""
+  features: int
+  kernel_init: Callable
+  bias_init: Optional[Callable] = None
+
+  @nn.compact
+  def __call__(self, in_features: int):
+    kernel = self.param("kernel", self.kernel_init, (in_features, self.features), jnp.float32)
+    if self.bias_init is None:
+      return kernel, None
+    return kernel, self.param("bias", self.bias_init, (self.features,), jnp.float32)
+
+
 class T2MLRFusion(nn.Module):
-  """Φ(h, R) at every position (the caller selects where it applies)."""
+  """Φ(h, R) at every position (the caller selects where it applies), fp32.
+
+  Parameters (Linen layout): w_rec {kernel}, f_rec/f_cur {kernel [2D, D], bias}, γ_rec,
+  γ_cur. The two gates read the same g = [h, W_rec R]; their kernels are concatenated so
+  one [2D, 2D] matmul computes both (inside scans and loops XLA hoists the concatenation
+  out as loop-invariant)."""
   rcfg: T2MLRConfig
   d_model: int
 
@@ -51,15 +71,16 @@ class T2MLRFusion(nn.Module):
     rcfg, D = self.rcfg, self.d_model
     gate_kernel = nn.initializers.variance_scaling(rcfg.gate_gain ** 2, "fan_avg", "normal")
     gate_bias = nn.initializers.constant(rcfg.gate_bias)
-    gate = lambda name: nn.Dense(D, kernel_init=gate_kernel, bias_init=gate_bias,
-                                 param_dtype=jnp.float32, dtype=jnp.float32, name=name)
     gamma_rec = self.param("gamma_rec", nn.initializers.zeros, (), jnp.float32)
     gamma_cur = self.param("gamma_cur", nn.initializers.zeros, (), jnp.float32)
-    r = nn.Dense(D, use_bias=False, kernel_init=_torch_linear_uniform,
-                 param_dtype=jnp.float32, dtype=jnp.float32, name="w_rec")(R_BTD)
+    w_rec, _ = _LinearParams(D, _torch_linear_uniform, name="w_rec")(D)
+    k_rec, b_rec = _LinearParams(D, gate_kernel, gate_bias, name="f_rec")(2 * D)
+    k_cur, b_cur = _LinearParams(D, gate_kernel, gate_bias, name="f_cur")(2 * D)
+    r = R_BTD @ w_rec
     g = jnp.concatenate([h_BTD, r], axis=-1)
-    s_rec = jax.nn.sigmoid(gate("f_rec")(g))
-    s_cur = jax.nn.sigmoid(gate("f_cur")(g))
+    s = jax.nn.sigmoid(g @ jnp.concatenate([k_rec, k_cur], axis=1)
+                       + jnp.concatenate([b_rec, b_cur]))
+    s_rec, s_cur = s[..., :D], s[..., D:]
     out = h_BTD + jnp.tanh(gamma_rec) * s_rec * r + jnp.tanh(gamma_cur) * s_cur * h_BTD
     return out, GateStats(s_rec, s_cur)
 
