@@ -1,7 +1,7 @@
 """T2MLR on S5-Retrieval (SPEC §5-6): the library's embedded default job.
 
 Variants (`--config=configs/s5_retrieval.py:VARIANT`):
-  (default)  a CPU-sized run (~30 min on 2 cores), see README "S5 experiments"
+  (default)  a CPU-sized run (~16 min on 2 cores), see README "S5 experiments"
   word       the plain word problem on S3 (the CPU length sweep)
   tiny       seconds on CPU, for tests
   paper      the official setting (S5, 6 layers, H 384, NoPE, 400k steps,
@@ -51,7 +51,7 @@ def get_config(variant: str = ""):
     c.train.update(num_steps=2000, batch_size=64, seq_len=16, eval_every=500,
                    checkpoint_every=500, log_every=50)
   elif variant == "":
-    # CPU default (~30 min on 2 cores): the S5-Retrieval format on the group S3 with
+    # CPU default (~16 min on 2 cores): the S5-Retrieval format on the group S3 with
     # one-character values (v=1) and 1-8 actions (curriculum from 2), evaluated up
     # to 16. D_f covers the recurrent span (2·8 + 1 tokens): exact caches in training.
     c.model.update(vocab_size=188, d_model=64, n_layers=4, n_heads=4, d_ff=256,
