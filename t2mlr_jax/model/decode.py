@@ -46,9 +46,9 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
   B, T = tokens_BT.shape
   if cfg.recurrence is not None and recurrent_prompt:
     run = exact if method == "exact" else functools.partial(jacobi_prefill, tol=tol)
-    logits, _, (kvs, R) = run(params, cfg, tokens_BT, inp)
+    logits, _, (kvs, R) = run(params, cfg, tokens_BT, inp, last_only=True)
   else:
-    logits, kvs, outs = parallel(params, cfg, tokens_BT, inp)
+    logits, kvs, outs = parallel(params, cfg, tokens_BT, inp, last_only=True)
     R = rec.zero_state(cfg, B)
     if cfg.recurrence is not None:
       last_cf = inp.control_flow[:, -1:]

@@ -72,8 +72,14 @@ def _run(params, cfg, name, x, rope, mask):
 # ---------------------------------------------------------------------- parallel
 
 
-def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs):
-  """Plain transformer logits; also the per-segment KVs and outputs (for prefill)."""
+def _logits(params, cfg: ModelConfig, y_BTD, last_only: bool):
+  """The LM head over every position, or only the last (prefill: [B, 1, V])."""
+  return head(params, cfg, y_BTD[:, -1:] if last_only else y_BTD)
+
+
+def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False):
+  """Plain transformer logits; also the per-segment KVs and outputs (for prefill).
+  `last_only`: logits of the last position only (what prefill needs)."""
   T = tokens_BT.shape[1]
   rope, mask = _context(cfg, inp, T)
   x = embed(params, cfg, tokens_BT)
@@ -81,13 +87,13 @@ def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs):
   for name, lo, hi in cfg.segments:
     x, kvs[name] = run_segment(segment_params(params, lo, hi), cfg, x, rope, mask)
     outs[name] = x
-  return head(params, cfg, x), kvs, outs
+  return _logits(params, cfg, x, last_only), kvs, outs
 
 
 # ------------------------------------------------------------------------- exact
 
 
-def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs):
+def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False):
   """The true recurrence. Returns (logits, aux, (kvs, R_final))."""
   B, T = tokens_BT.shape
   rope, mask = _context(cfg, inp, T)
@@ -118,7 +124,7 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs):
   gates = jax.tree.map(lambda a: jnp.swapaxes(a[:, :, 0], 0, 1), gates)
   kvs = {"lower": kv_lo, "middle": kv_mid, "upper": kv_up}
   kvs = {k: v for k, v in kvs.items() if v is not None}
-  return head(params, cfg, y), rec.gate_means(gates, cf), (kvs, R_final)
+  return _logits(params, cfg, y, last_only), rec.gate_means(gates, cf), (kvs, R_final)
 
 
 # ------------------------------------------------------------------------ jacobi
@@ -208,7 +214,8 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
   return head(params, cfg, y), aux
 
 
-def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Optional[float]):
+def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Optional[float],
+                   last_only: bool = False):
   """Exact parallel prefill [ours]: Jacobi sweeps until max|ΔR| < tol, capped at T
   sweeps (exact by construction then). Same outputs as `exact`, plus (sweeps, residual):
   (logits, aux, (kvs, R_final))."""
@@ -227,7 +234,7 @@ def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Opt
   kvs = {k: v for k, v in (("lower", kv_lo), ("middle", kv_mid), ("upper", kv_up))
          if v is not None}
   aux = {"jacobi_residual": delta, "jacobi_sweeps": 1 + n_run, **rec.gate_means(gates, cf)}
-  return head(params, cfg, y), aux, (kvs, R_final)
+  return _logits(params, cfg, y, last_only), aux, (kvs, R_final)
 
 
 # ----------------------------------------------------------------- public entry
