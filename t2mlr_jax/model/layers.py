@@ -10,7 +10,7 @@ Which keys a query may see is a boolean mask built once per forward
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import chex
 import flax.linen as nn
@@ -199,12 +199,11 @@ swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 class _Kernel(nn.Module):
   """A bare [in, out] kernel under `name/kernel`: nn.Dense's layout and init RNG."""
   shape: tuple
-  std: float
+  init: Callable
 
   @nn.compact
   def __call__(self):
-    return self.param("kernel", nn.initializers.normal(stddev=self.std), self.shape,
-                      jnp.float32)
+    return self.param("kernel", self.init, self.shape, jnp.float32)
 
 
 class MLP(nn.Module):
@@ -216,7 +215,7 @@ class MLP(nn.Module):
     cfg = self.cfg
     dt = compute_dtype(cfg)
     D, F = cfg.d_model, cfg.d_ff
-    kernel = lambda shape, name: _Kernel(shape, cfg.init_std, name=name)().astype(dt)
+    kernel = lambda shape, name: _Kernel(shape, dense_init(cfg), name=name)().astype(dt)
     w_gate, w_up = kernel((D, F), "gate"), kernel((D, F), "up")
     w_down = kernel((F, D), "down")
     return swiglu(x_BTD.astype(dt), w_gate, w_up, w_down)
