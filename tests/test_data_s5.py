@@ -326,6 +326,15 @@ def test_length_curriculum():
     s5.length_curriculum(0, 1, 4, -1)
 
 
+def test_length_curriculum_hold():
+  f = functools.partial(s5.length_curriculum, start=2, end=8, warmup_steps=60, hold_steps=100)
+  assert [f(0), f(99)] == [2, 2]                  # held at start
+  assert [f(100), f(130), f(159), f(160)] == [2, 5, 7, 8]   # then the same linear ramp
+  assert s5.length_curriculum(100, 2, 8, 0, hold_steps=100) == 8
+  with pytest.raises(ValueError, match="hold_steps"):
+    s5.length_curriculum(0, 2, 8, 10, hold_steps=-1)
+
+
 def test_sample_num_actions():
   rng = np.random.default_rng(0)
   draws = {s5.sample_num_actions(rng, 3, 6) for _ in range(200)}

@@ -183,6 +183,9 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     (lambda c: c.model.update(arch="mamba"), "model.arch"),
     (lambda c: c.train.update(batch_size=6), "train.batch_size"),
     (lambda c: c.model.recurrence.update(l_start=2, l_end=1), "l_start"),
+    (lambda c: c.data.update(curriculum_start=99), "data.curriculum_start"),
+    (lambda c: c.data.update(curriculum_start=2, curriculum_hold_steps=-1),
+     "data.curriculum_hold_steps"),
 ])
 def test_bad_config_fails_before_any_compile(tmp_path, edit, field):
   config = tiny_config()

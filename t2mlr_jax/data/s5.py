@@ -366,12 +366,16 @@ def sample_num_actions(rng: np.random.Generator, min_actions: int, max_actions: 
   return int(rng.integers(min_actions, max_actions + 1))
 
 
-def length_curriculum(step: int, start: int, end: int, warmup_steps: int) -> int:
-  """Maximum length at `step`: linear from `start` (step 0) to `end` (step warmup_steps).
+def length_curriculum(step: int, start: int, end: int, warmup_steps: int,
+                      hold_steps: int = 0) -> int:
+  """Maximum length at `step`: `start` for the first `hold_steps` steps, then linear from
+  `start` to `end` over the next `warmup_steps` steps (rounded down), then `end`.
 
-  Rounded down, constant at `end` afterwards; warmup_steps = 0 means `end` always.
+  warmup_steps = 0 means `end` right after the hold. The hold lets a short-sequence
+  circuit form first: for S5-Retrieval short sequences also mean small dictionaries,
+  where the lookup is learned (README "S5 experiments").
   Use with S5Source via functools.partial(length_curriculum, start=..., end=...,
-  warmup_steps=...).
+  warmup_steps=..., hold_steps=...).
   """
   _check_positive("start", start)
   _check_positive("end", end)
@@ -379,8 +383,13 @@ def length_curriculum(step: int, start: int, end: int, warmup_steps: int) -> int
     raise ValueError(f"end={end} is invalid: allowed >= start={start}")
   if warmup_steps < 0:
     raise ValueError(f"warmup_steps={warmup_steps} is invalid: allowed >= 0")
+  if hold_steps < 0:
+    raise ValueError(f"hold_steps={hold_steps} is invalid: allowed >= 0")
   if step < 0:
     raise ValueError(f"step={step} is invalid: allowed >= 0")
+  if step < hold_steps:
+    return start
+  step -= hold_steps
   if warmup_steps == 0 or step >= warmup_steps:
     return end
   return start + ((end - start) * step) // warmup_steps

@@ -62,7 +62,8 @@ def _s5_train_source(config, num_examples, word_problem):
   curriculum = None
   if d.curriculum_start is not None:
     curriculum = functools.partial(s5.length_curriculum, start=d.curriculum_start,
-                                   end=d.max_actions, warmup_steps=d.curriculum_steps)
+                                   end=d.max_actions, warmup_steps=d.curriculum_steps,
+                                   hold_steps=d.curriculum_hold_steps)
   return s5.S5Source(num_examples, min_actions=d.min_actions, max_actions=d.max_actions,
                      base_seed=t.seed, curriculum=curriculum, examples_per_step=t.batch_size,
                      word_problem=word_problem, **_s5_kwargs(d, word_problem))
@@ -183,6 +184,12 @@ def validate_data(config, task: Task) -> None:
     if not 1 <= d.min_actions <= d.max_actions:
       _fail("data.max_actions", d.max_actions, f">= data.min_actions={d.min_actions} >= 1")
     eval_lengths(d)
+    if d.curriculum_start is not None:
+      if not 1 <= d.curriculum_start <= d.max_actions:
+        _fail("data.curriculum_start", d.curriculum_start, f"1..data.max_actions={d.max_actions}")
+      for field in ("curriculum_steps", "curriculum_hold_steps"):
+        if d[field] < 0:
+          _fail(f"data.{field}", d[field], "an int >= 0")
   longest = task.max_train_len(config)
   if longest > config.train.seq_len:
     _fail("train.seq_len", config.train.seq_len,
