@@ -12,6 +12,10 @@ fresh batches and is scored on 512 held-out sequences.
 
     python experiments/retrieval_probe.py     # writes experiments/results/retrieval_probe.json
     python experiments/retrieval_probe.py --seed=1 --out=retrieval_probe_seed1.json
+    # 4 pairs, trained on 2 pairs first (a staged dictionary curriculum):
+    python experiments/retrieval_probe.py --steps=5000 --n_dict=4 --dict_schedule=2:2000,3:3500 \
+        --runs=transformer_3L_blank_slot,t2mlr_3L_layers0-1_blank_slot --seed=0 \
+        --out=retrieval_probe_5000_ndict4_staged_seed0.json
 """
 
 from __future__ import annotations
@@ -54,6 +58,16 @@ def make_batch(rng, batch: int, n_dict: int, placement: str):
   return dict(input_ids=x, target_ids=np.array(ys, np.int32), control_flow=cf)
 
 
+def dict_size_at(step: int, schedule: str, n_dict: int) -> int:
+  """Training dictionary size at `step` under a staged schedule "2:2500,3:4000" (2 pairs
+  up to step 2500, then 3 up to 4000, then n_dict); "" = always n_dict."""
+  for stage in filter(None, schedule.split(",")):
+    size, until = (int(x) for x in stage.split(":"))
+    if step <= until:
+      return size
+  return n_dict
+
+
 def run(name, placement, n_layers, block, args):
   import jax
   import jax.numpy as jnp
@@ -91,7 +105,8 @@ def run(name, placement, n_layers, block, args):
   answer = held_out["target_ids"] >= 0
   curve, start = {}, time.perf_counter()
   for i in range(1, args.steps + 1):
-    params, opt, loss = step(params, opt, make_batch(rng, args.batch, args.n_dict, placement))
+    n = dict_size_at(i, args.dict_schedule, args.n_dict)
+    params, opt, loss = step(params, opt, make_batch(rng, args.batch, n, placement))
     if i % args.eval_every == 0:
       pred = np.asarray(predict(params, held_out))
       curve[i] = round(float((pred[answer] == held_out["target_ids"][answer]).mean()), 3)
@@ -105,6 +120,9 @@ def main():
   p.add_argument("--steps", type=int, default=2000)
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--n_dict", type=int, default=2)
+  p.add_argument("--dict_schedule", default="",
+                 help="staged training dictionary sizes, e.g. '2:2500' = 2 pairs up to step "
+                      "2500, then --n_dict (evaluation always uses --n_dict)")
   p.add_argument("--lr", type=float, default=3e-3)
   p.add_argument("--eval_every", type=int, default=500)
   p.add_argument("--seed", type=int, default=0)
@@ -114,8 +132,8 @@ def main():
   unknown = set(args.runs.split(",")) - set(RUNS)
   if unknown:
     p.error(f"--runs has {sorted(unknown)}: allowed {list(RUNS)}")
-  results = {"settings": {k: getattr(args, k) for k in ("steps", "batch", "n_dict", "lr",
-                                                       "seed")},
+  results = {"settings": {k: getattr(args, k) for k in ("steps", "batch", "n_dict",
+                                                       "dict_schedule", "lr", "seed")},
              "chance": round(1 / args.n_dict, 3), "runs": {}}
   for name in args.runs.split(","):
     results["runs"][name] = run(name, *RUNS[name], args)
