@@ -446,3 +446,32 @@ def test_data_modules_import_neither_jax_nor_the_model():
         names.append(node.module or "")
     for name in names:
       assert not name.startswith(("jax", "flax", "t2mlr_jax.model")), (path.name, name)
+
+
+def test_group_curriculum():
+  stages = s5.parse_group_curriculum("Z2:100, S3:300", "S4")
+  assert stages == (("Z2", 100), ("S3", 300))
+  f = functools.partial(s5.group_curriculum, stages=stages, group="S4")
+  assert [f(0), f(99), f(100), f(299), f(300), f(10**6)] == ["Z2", "Z2", "S3", "S3", "S4", "S4"]
+  assert s5.parse_group_curriculum("", "S5") == ()
+  for bad, match in [("Z2", "GROUP:STEP"), ("Q8:10", "GROUP:STEP"), ("Z2:x", "GROUP:STEP"),
+                     ("Z2:10,S3:5", "increase"), ("Z2:10", "not a subgroup of A4"),
+                     ("S4:10", "not a subgroup of S3")]:
+    with pytest.raises(ValueError, match=match):
+      s5.parse_group_curriculum(bad, "A4" if "A4" in match else "S3")
+
+
+def test_source_group_schedule_draws_from_the_stage_group():
+  sched = functools.partial(s5.group_curriculum, stages=(("Z2", 3),), group="S3")
+  src = s5.S5Source(60, min_actions=4, max_actions=6, value_len=1, group="S3",
+                    examples_per_step=10, group_schedule=sched)
+  z2 = {s5.action_id(p) for p in s5.group_elements("Z2")}
+  s3 = {s5.action_id(p) for p in s5.group_elements("S3")}
+  assert [src.group_at(i) for i in (0, 29, 30, 59)] == ["Z2", "Z2", "S3", "S3"]
+  for i in range(60):
+    ex = src[i]
+    keys = set(ex["input_ids"][ex["control_flow"] == 2].tolist()) & s3
+    assert keys <= (z2 if i < 30 else s3)
+    assert (ex["input_ids"] == src[i]["input_ids"]).all()          # still deterministic
+  later = {a for i in range(30, 60) for a in src[i]["input_ids"].tolist()} & s3
+  assert later - z2                                                  # S3 actions appear

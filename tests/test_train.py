@@ -186,6 +186,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     (lambda c: c.data.update(curriculum_start=99), "data.curriculum_start"),
     (lambda c: c.data.update(curriculum_start=2, curriculum_hold_steps=-1),
      "data.curriculum_hold_steps"),
+    (lambda c: c.data.update(group_curriculum="S4:10"), "data.group_curriculum"),
 ])
 def test_bad_config_fails_before_any_compile(tmp_path, edit, field):
   config = tiny_config()

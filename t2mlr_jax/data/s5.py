@@ -395,6 +395,36 @@ def length_curriculum(step: int, start: int, end: int, warmup_steps: int,
   return start + ((end - start) * step) // warmup_steps
 
 
+def parse_group_curriculum(text: str, group: str) -> tuple[tuple[str, int], ...]:
+  """Stages "Z2:2000" or "Z2:1000,S3:3000" (train on Z2 up to step 1000, then S3 up to
+  3000, then `group`). Each stage's group must be a subgroup of `group` (so its action
+  tokens and dictionaries are a subset) and the steps must increase."""
+  stages, last = [], -1
+  for part in filter(None, (x.strip() for x in text.split(","))):
+    name, sep, until = part.partition(":")
+    if name not in GROUPS or not sep or not until.strip().isdigit():
+      raise ValueError(f"group curriculum stage {part!r} is invalid: allowed 'GROUP:STEP' "
+                       f"with GROUP one of {', '.join(GROUPS)} and STEP an integer >= 0")
+    if not set(group_elements(name)) <= set(group_elements(group)):
+      raise ValueError(f"group curriculum stage {part!r} is invalid: {name} is not a "
+                       f"subgroup of {group}")
+    if int(until) <= last:
+      raise ValueError(f"group curriculum stage {part!r} is invalid: steps must increase")
+    stages.append((name, int(until)))
+    last = int(until)
+  return tuple(stages)
+
+
+def group_curriculum(step: int, stages: Sequence[tuple[str, int]], group: str) -> str:
+  """The group of training step `step`: the first stage (name, until) with step < until,
+  else `group`. Small groups first mean small S5-Retrieval dictionaries first, where the
+  lookup circuit forms (README "S5 experiments")."""
+  for name, until in stages:
+    if step < until:
+      return name
+  return group
+
+
 class S5Source:
   """Grain `RandomAccessDataSource` of S5-Retrieval (or word-problem) examples.
 
@@ -408,6 +438,8 @@ class S5Source:
   min_actions..clip(curriculum(step), min_actions, max_actions). The step
   mapping assumes indices are read in order (no global shuffle), which costs
   nothing here since every index is already an independent random example.
+  `group_schedule` (optional) likewise maps the step to the group actions are drawn
+  from (e.g. functools.partial(group_curriculum, stages=..., group=...)).
   """
 
   def __init__(self, num_examples: int, *, min_actions: int = 1, max_actions: int = 32,
@@ -415,7 +447,8 @@ class S5Source:
                retrieval: bool = True, group: str = "S5", full_dictionary: bool = False,
                word_problem: bool = False,
                curriculum: Optional[Callable[[int], int]] = None,
-               examples_per_step: int = 1):
+               examples_per_step: int = 1,
+               group_schedule: Optional[Callable[[int], str]] = None):
     _check_positive("num_examples", num_examples)
     _check_positive("min_actions", min_actions)
     _check_positive("max_actions", max_actions)
@@ -445,6 +478,7 @@ class S5Source:
     self.word_problem = bool(word_problem)
     self.curriculum = curriculum
     self.examples_per_step = int(examples_per_step)
+    self.group_schedule = group_schedule
 
   def __len__(self) -> int:
     return self.num_examples
@@ -462,13 +496,23 @@ class S5Source:
     rng = np.random.default_rng((self.base_seed, int(index), 0))
     return sample_num_actions(rng, self.min_actions, self.max_actions_at(int(index)))
 
+  def group_at(self, index: int) -> str:
+    """The group example `index` draws its actions from."""
+    if self.group_schedule is None:
+      return self.group
+    return self.group_schedule(int(index) // self.examples_per_step)
+
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     n = self.num_actions_of(index)
     seed = (self.base_seed, int(index), 1)
+    group = self.group_at(index)
     if self.word_problem:
-      return generate_word_problem(seed, n, group=self.group)
-    return generate_example(seed, n, value_len=self.value_len, dict_size=self.dict_size,
-                            retrieval=self.retrieval, group=self.group,
+      return generate_word_problem(seed, n, group=group)
+    dict_size = self.dict_size
+    if dict_size is not None and group != self.group:
+      dict_size = min(dict_size, len(_group_index_array(group)))
+    return generate_example(seed, n, value_len=self.value_len, dict_size=dict_size,
+                            retrieval=self.retrieval, group=group,
                             full_dictionary=self.full_dictionary)
 
   def _check_index(self, index: int) -> None:
@@ -483,7 +527,8 @@ class S5Source:
             f"value_len={self.value_len}, dict_size={self.dict_size}, "
             f"retrieval={self.retrieval}, group={self.group!r}, "
             f"full_dictionary={self.full_dictionary}, word_problem={self.word_problem}, "
-            f"curriculum={self.curriculum!r}, examples_per_step={self.examples_per_step})")
+            f"curriculum={self.curriculum!r}, examples_per_step={self.examples_per_step}, "
+            f"group_schedule={self.group_schedule!r})")
 
 
 def pad_batch(examples: Sequence[Mapping[str, Any]], seq_len: int,

@@ -49,7 +49,7 @@ def base_config() -> config_dict.ConfigDict:
                 eval_examples_per_length=32, eval_batch_size=64, value_len=4,
                 dict_size=config_dict.placeholder(int), retrieval=True,
                 curriculum_start=config_dict.placeholder(int), curriculum_steps=0,
-                curriculum_hold_steps=0,
+                curriculum_hold_steps=0, group_curriculum="",
                 va_depth=2, path=config_dict.placeholder(str),
                 eval_path=config_dict.placeholder(str), tfds_data_dir=config_dict.placeholder(str),
                 format="auto",

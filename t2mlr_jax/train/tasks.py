@@ -64,8 +64,14 @@ def _s5_train_source(config, num_examples, word_problem):
     curriculum = functools.partial(s5.length_curriculum, start=d.curriculum_start,
                                    end=d.max_actions, warmup_steps=d.curriculum_steps,
                                    hold_steps=d.curriculum_hold_steps)
+  group_schedule = None
+  if d.group_curriculum:
+    group_schedule = functools.partial(
+        s5.group_curriculum, stages=s5.parse_group_curriculum(d.group_curriculum, d.group),
+        group=d.group)
   return s5.S5Source(num_examples, min_actions=d.min_actions, max_actions=d.max_actions,
                      base_seed=t.seed, curriculum=curriculum, examples_per_step=t.batch_size,
+                     group_schedule=group_schedule,
                      word_problem=word_problem, **_s5_kwargs(d, word_problem))
 
 
@@ -190,6 +196,11 @@ def validate_data(config, task: Task) -> None:
       for field in ("curriculum_steps", "curriculum_hold_steps"):
         if d[field] < 0:
           _fail(f"data.{field}", d[field], "an int >= 0")
+    if d.group_curriculum:
+      try:
+        s5.parse_group_curriculum(d.group_curriculum, d.group)
+      except ValueError as e:
+        _fail("data.group_curriculum", d.group_curriculum, f"stages 'GROUP:STEP,...' ({e})")
   longest = task.max_train_len(config)
   if longest > config.train.seq_len:
     _fail("train.seq_len", config.train.seq_len,
