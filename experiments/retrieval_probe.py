@@ -58,11 +58,22 @@ def make_batch(rng, batch: int, n_dict: int, placement: str):
   return dict(input_ids=x, target_ids=np.array(ys, np.int32), control_flow=cf)
 
 
-def dict_size_at(step: int, schedule: str, n_dict: int) -> int:
-  """Training dictionary size at `step` under a staged schedule "2:2500,3:4000" (2 pairs
-  up to step 2500, then 3 up to 4000, then n_dict); "" = always n_dict."""
+def parse_dict_schedule(schedule: str) -> list[tuple[int, int]]:
+  """Stages "2:2500,3:4000" -> [(2, 2500), (3, 4000)]: 2 pairs up to step 2500, then 3 up
+  to 4000, then --n_dict; "" = no stages."""
+  stages = []
   for stage in filter(None, schedule.split(",")):
-    size, until = (int(x) for x in stage.split(":"))
+    size, sep, until = stage.partition(":")
+    if not (sep and size.isdigit() and until.isdigit() and 1 <= int(size) <= len(KEYS)):
+      raise ValueError(f"--dict_schedule stage {stage!r} is invalid: allowed SIZE:STEP with "
+                       f"SIZE in 1..{len(KEYS)} and STEP an integer")
+    stages.append((int(size), int(until)))
+  return stages
+
+
+def dict_size_at(step: int, stages: list[tuple[int, int]], n_dict: int) -> int:
+  """Training dictionary size at (1-based) `step` under parsed stages."""
+  for size, until in stages:
     if step <= until:
       return size
   return n_dict
@@ -105,7 +116,7 @@ def run(name, placement, n_layers, block, args):
   answer = held_out["target_ids"] >= 0
   curve, start = {}, time.perf_counter()
   for i in range(1, args.steps + 1):
-    n = dict_size_at(i, args.dict_schedule, args.n_dict)
+    n = dict_size_at(i, args.stages, args.n_dict)
     params, opt, loss = step(params, opt, make_batch(rng, args.batch, n, placement))
     if i % args.eval_every == 0:
       pred = np.asarray(predict(params, held_out))
@@ -132,6 +143,10 @@ def main():
   unknown = set(args.runs.split(",")) - set(RUNS)
   if unknown:
     p.error(f"--runs has {sorted(unknown)}: allowed {list(RUNS)}")
+  try:
+    args.stages = parse_dict_schedule(args.dict_schedule)
+  except ValueError as e:
+    p.error(str(e))
   results = {"settings": {k: getattr(args, k) for k in ("steps", "batch", "n_dict",
                                                        "dict_schedule", "lr", "seed")},
              "chance": round(1 / args.n_dict, 3), "runs": {}}
