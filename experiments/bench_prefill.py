@@ -1,8 +1,12 @@
 """Exact parallel prefill: Jacobi sweeps until max|ΔR| < tol (capped at T sweeps) vs
 token-by-token exact prefill (issue 6, target 4).
 
-On a trained S5 model (a workdir of the length sweep or the default job) and on
-random weights at the same shape with the recurrence switched on (γ = 0.5).
+On a trained S5 model (a workdir of the length sweep or the default job), on random
+weights at the same shape with the recurrence switched on (γ = 0.5), and on the same
+random weights with the raw cache (`residual=False`: R_{t+1} = o_t), whose recurrence
+contracts. The residual cache R <- norm(o + R) is a near-integrator and does not
+contract, so those two need all T sweeps; they run up to --max_len_full (T sweeps at
+T = 2048 take minutes and only confirm the cap).
 Reports the sweeps needed, the speed-up and the max logit difference to exact.
 
     python experiments/bench_prefill.py --workdir=workdirs/s5_length_sweep/word/t2mlr_middle
@@ -23,6 +27,8 @@ def main():
   p.add_argument("--workdir", default=os.path.join(bc.ROOT, "workdirs", "s5_length_sweep",
                                                    "word", "t2mlr_middle"))
   p.add_argument("--lengths", default="128,512,2048")
+  p.add_argument("--max_len_full", type=int, default=512,
+                 help="longest prompt for the models that need all T sweeps")
   p.add_argument("--tol", type=float, default=1e-4)
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--out", default="bench_prefill.json")
@@ -44,13 +50,18 @@ def main():
   rand["recurrence"]["gamma_rec"] = np.float32(0.5)
   rand["recurrence"]["gamma_cur"] = np.float32(0.5)
 
-  exact_fn = jax.jit(lambda p, t, i: modes.exact(p, cfg, t, i)[0])
-  jac_fn = jax.jit(lambda p, t, i: modes.jacobi_prefill(p, cfg, t, i, args.tol)[:2])
+  raw_cfg = cfg.replace(recurrence=cfg.recurrence.replace(residual=False))
+  lengths = [int(x) for x in args.lengths.split(",")]
+  full = [T for T in lengths if T <= args.max_len_full]
   results = {"config": {k: v for k, v in cfg.to_dict().items() if k != "recurrence"},
              "recurrence": cfg.recurrence.to_dict(), "tol": args.tol, "models": {}}
-  for name, params in (("trained_s5", trained), ("random_gamma0.5", rand)):
+  for name, mcfg, params, model_lengths in (
+      ("trained_s5", cfg, trained, full), ("random_gamma0.5", cfg, rand, full),
+      ("random_gamma0.5_raw_cache", raw_cfg, rand, lengths)):
+    exact_fn = jax.jit(lambda p, t, i, c=mcfg: modes.exact(p, c, t, i)[0])
+    jac_fn = jax.jit(lambda p, t, i, c=mcfg: modes.jacobi_prefill(p, c, t, i, args.tol)[:2])
     rows = {}
-    for T in [int(x) for x in args.lengths.split(",")]:
+    for T in model_lengths:
       if cfg.vocab_size == s5.VOCAB_SIZE:     # an S3 word problem of T actions
         tokens = s5.generate_word_problem(7, T, group="S3")["input_ids"][None]
       else:

@@ -142,8 +142,13 @@ class Attention(nn.Module):
                                      ).astype(jnp.float32) / math.sqrt(K)
     if kv is None:          # a full sequence: its own keys, mask [B, T, T]
       chex.assert_shape(mask_BTS, (B, T, T))
-      probs = _masked_softmax(scores(k), mask_BTS).astype(dt)
-      out = jnp.einsum("bngts,bsnk->btngk", probs, v)
+      # JAX's XLA attention: the same math as the cached branch below, and on XLA:CPU
+      # 3x faster than an einsum + masked softmax at T = 2048 (README "Performance").
+      out = jax.nn.dot_product_attention(q.reshape(B, T, N, K), k, v, mask=mask_BTS[:, None],
+                                         scale=1.0 / math.sqrt(K))
+      # a query with no visible key (padding) attends to nothing, as in the cached branch
+      has_key = jnp.any(mask_BTS, axis=-1)[:, :, None, None]
+      out = jnp.where(has_key, out, 0.0).astype(dt)
     else:                   # one new token over a cache that does not hold it yet
       S = kv.k.shape[1]
       chex.assert_shape(mask_BTS, (B, 1, S))
