@@ -8,6 +8,9 @@ Parts:
   step     ms/step of the baseline (recurrence off), Jacobi with fixed sweeps and
            Jacobi with jacobi_tol, alternating, medians; sweeps run and the loss
            difference between fixed and adaptive sweeps.
+  step_raw the same with the raw cache (`residual=False`, R_{t+1} = o_t), whose
+           recurrence contracts on random weights, so jacobi_tol can stop early; the
+           default residual cache R <- norm(o + R) is a near-integrator and does not.
   memory   temporary bytes of the compiled step (XLA memory_analysis) as D_f grows
            (D_b fixed) and as D_b grows, for each remat policy.
   compile  compile seconds of the 30-layer step: scanned segments vs unrolled layers.
@@ -52,12 +55,12 @@ def loss_and_grad(cfg, mode):
   return jax.jit(jax.value_and_grad(loss, has_aux=True))
 
 
-def part_step(shape, repeats, gamma, tol):
+def part_step(shape, repeats, gamma, tol, residual=True):
   import jax
   import numpy as np
 
   import t2mlr_jax
-  cfg, B, T = build(shape, d_forward=16, d_backward=4)
+  cfg, B, T = build(shape, d_forward=16, d_backward=4, residual=residual)
   params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
   params["recurrence"]["gamma_rec"] = np.float32(gamma)
   params["recurrence"]["gamma_cur"] = np.float32(gamma)
@@ -76,6 +79,7 @@ def part_step(shape, repeats, gamma, tol):
   (l_fixed, aux_fixed), _ = outs["jacobi_fixed"]
   (l_tol, aux_tol), _ = outs["jacobi_tol"]
   return {"shape": shape, "batch": B, "seq_len": T, "gamma": gamma, "jacobi_tol": tol,
+          "residual": residual,
           "d_forward": 16, "d_backward": 4,
           "ms_per_step": {k: round(v * 1e3, 1) for k, v in med.items()},
           "ratio_to_baseline": {k: round(v / med["baseline"], 3) for k, v in med.items()},
@@ -135,7 +139,7 @@ def part_compile(shape):
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
-  p.add_argument("--parts", default="step,memory,compile")
+  p.add_argument("--parts", default="step,step_raw,memory,compile")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--gamma", type=float, default=0.5)
   p.add_argument("--tol", type=float, default=1e-4)
@@ -145,6 +149,9 @@ def main():
   for part in args.parts.split(","):
     if part == "step":
       results["step"] = part_step(args.shape, args.repeats, args.gamma, args.tol)
+    elif part == "step_raw":
+      results["step_raw"] = part_step(args.shape, args.repeats, args.gamma, args.tol,
+                                      residual=False)
     elif part == "memory":
       results["memory"] = part_memory(args.shape)
     elif part == "compile":
@@ -158,7 +165,7 @@ def main():
     import json
     with open(previous) as f:
       old = json.load(f)
-    results = {**{k: v for k, v in old.items() if k in ("step", "memory", "compile")},
+    results = {**{k: v for k, v in old.items() if k in ("step", "step_raw", "memory", "compile")},
                **results}
   print("wrote", bc.write_json(out, results))
 
