@@ -12,7 +12,8 @@ import pytest
 from t2mlr_jax import forward
 from t2mlr_jax.losses import cross_entropy, next_token_labels
 from t2mlr_jax import ModelConfig
-from t2mlr_jax.model.layers import Attention, apply_rope, attention_mask, rope_tables, swiglu
+from t2mlr_jax.model.layers import (Attention, apply_rope, attend, attention_mask, rope_tables,
+                                    swiglu)
 from _util import active_params, random_tokens, tiny_cfg
 
 
@@ -43,6 +44,35 @@ def test_full_sequence_attention_matches_reference_and_padding_rows_are_zero():
   np.testing.assert_array_equal(np.asarray(y[0, :3]), 0.0)   # queries with no visible key
   np.testing.assert_allclose(np.asarray(kv.k), np.asarray(k), atol=1e-6)
   assert np.all(np.isfinite(np.asarray(y)))
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 5e-2)])
+def test_attend_value_and_gradients_equal_autodiff_of_jax_attention(dtype, tol):
+  B, T, N, M, K = 2, 6, 6, 2, 8
+  ks = jax.random.split(jax.random.PRNGKey(3), 4)
+  q, k, v = (jax.random.normal(kk, (B, T, n, K)).astype(dtype)
+             for kk, n in zip(ks[:3], (N, M, M)))
+  probe = jax.random.normal(ks[3], (B, T, N, K))
+  valid = jnp.array([[False, False] + [True] * 4, [True] * 6])
+  mask = attention_mask(jnp.broadcast_to(jnp.arange(T)[None], (B, T)), valid)
+  has_key = mask.any(-1)[:, :, None, None]
+
+  def reference(q, k, v):
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
+    return jnp.where(has_key, out, 0)
+
+  loss = lambda f: lambda *a: jnp.sum(f(*a, **({"mask_BTS": mask} if f is attend else {}))
+                                      .astype(jnp.float32) * probe)
+  y, y_ref = attend(q, k, v, mask), reference(q, k, v)
+  assert y.dtype == dtype
+  np.testing.assert_allclose(np.float32(y), np.float32(y_ref), atol=tol, rtol=tol)
+  np.testing.assert_array_equal(np.float32(y[0, :2]), 0.0)
+  g = jax.grad(loss(attend), argnums=(0, 1, 2))(q, k, v)
+  g_ref = jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(g, g_ref):
+    assert a.dtype == b.dtype == dtype and a.shape == b.shape
+    scale = float(jnp.max(jnp.abs(b.astype(jnp.float32))))
+    np.testing.assert_allclose(np.float32(a), np.float32(b), atol=tol * scale, rtol=tol)
 
 
 def _swiglu_autodiff(x, w_gate, w_up, w_down):
