@@ -43,12 +43,14 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def alternate(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-  """Time each callable `repeats` times, interleaved A, B, A, B, ... (the machine is
-  shared and noisy: alternation keeps drift from favouring one side)."""
+  """Time each callable `repeats` times, interleaved A, B, C, then B, C, A, ... (the
+  machine is shared and noisy: alternation keeps drift from favouring one side, and
+  rotating the order keeps any one callable from always following the same one)."""
   times = {k: [] for k in runs}
-  for _ in range(repeats):
-    for name, fn in runs.items():
-      times[name].append(timed(fn))
+  names = list(runs)
+  for r in range(repeats):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      times[name].append(timed(runs[name]))
   return times
 
 

@@ -11,6 +11,9 @@ Parts:
   step_raw the same with the raw cache (`residual=False`, R_{t+1} = o_t), whose
            recurrence contracts on random weights, so jacobi_tol can stop early; the
            default residual cache R <- norm(o + R) is a near-integrator and does not.
+  step_trained
+           the same on a trained S5 word-problem model (--workdir) at its own training
+           shape (batch, length from its config), on word problems of that length.
   memory   temporary bytes of the compiled step (XLA memory_analysis) as D_f grows
            (D_b fixed) and as D_b grows, for each remat policy.
   compile  compile seconds of the 30-layer step: scanned segments vs unrolled layers.
@@ -44,13 +47,16 @@ def build(shape: str, **rec_kw):
 
 
 def loss_and_grad(cfg, mode):
+  """jit(value_and_grad) of the loss on (params, tokens[, labels]); labels default to
+  the next tokens."""
   import jax
   from t2mlr_jax import forward
   from t2mlr_jax.losses import cross_entropy, next_token_labels
 
-  def loss(params, tokens):
+  def loss(params, tokens, labels=None):
     logits, aux = forward(params, cfg, tokens, mode=mode, return_aux=True)
-    return cross_entropy(logits, next_token_labels(tokens))[0], aux
+    labels = next_token_labels(tokens) if labels is None else labels
+    return cross_entropy(logits, labels)[0], aux
 
   return jax.jit(jax.value_and_grad(loss, has_aux=True))
 
@@ -88,6 +94,46 @@ def part_step(shape, repeats, gamma, tol, residual=True):
           "loss": {"fixed": float(l_fixed), "tol": float(l_tol),
                    "abs_diff": abs(float(l_fixed) - float(l_tol))},
           "raw_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()}}
+
+
+def part_step_trained(workdir, repeats, tol):
+  import jax
+  import numpy as np
+
+  from t2mlr_jax import checkpoint
+  from t2mlr_jax.data import s5
+  cfg, params = checkpoint.load(workdir)
+  config = checkpoint.load_config(workdir)
+  if config.data.task != "s5_word_problem":
+    raise SystemExit(f"--workdir: {workdir} holds a {config.data.task!r} run; "
+                     "step_trained needs an s5_word_problem run")
+  B, T = config.train.batch_size, config.data.max_actions
+  problems = [s5.generate_word_problem((7, i), T, group=config.data.group) for i in range(B)]
+  tokens = np.stack([ex["input_ids"] for ex in problems])
+  labels = np.stack([ex["target_ids"] for ex in problems])     # the running states
+  base_params = {k: v for k, v in params.items() if k != "recurrence"}
+  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=tol))
+  fns = {"baseline": (loss_and_grad(cfg.replace(recurrence=None), "parallel"), base_params),
+         "jacobi_fixed": (loss_and_grad(cfg, "jacobi"), params),
+         "jacobi_tol": (loss_and_grad(tol_cfg, "jacobi"), params)}
+  outs = {name: jax.block_until_ready(fn(p, tokens, labels)) for name, (fn, p) in fns.items()}
+  times = bc.alternate({k: (lambda f=f, p=p: f(p, tokens, labels)) for k, (f, p) in fns.items()},
+                       repeats)
+  med = {k: bc.median(v) for k, v in times.items()}
+  (l_fixed, aux_fixed), _ = outs["jacobi_fixed"]
+  (l_tol, aux_tol), _ = outs["jacobi_tol"]
+  rc = cfg.recurrence
+  return {"workdir": os.path.relpath(workdir, bc.ROOT), "batch": B, "seq_len": T,
+          "jacobi_tol": tol, "d_forward": rc.d_forward, "d_backward": rc.d_backward,
+          "residual": rc.residual,
+          "ms_per_step": {k: round(v * 1e3, 1) for k, v in med.items()},
+          "ratio_to_baseline": {k: round(v / med["baseline"], 3) for k, v in med.items()},
+          "sweeps": {"fixed": int(aux_fixed["jacobi_sweeps"]),
+                     "tol": int(aux_tol["jacobi_sweeps"])},
+          "residual_after_sweeps": {"fixed": float(aux_fixed["jacobi_residual"]),
+                                    "tol": float(aux_tol["jacobi_residual"])},
+          "loss": {"fixed": float(l_fixed), "tol": float(l_tol),
+                   "abs_diff": abs(float(l_fixed) - float(l_tol))}}
 
 
 def temp_bytes(cfg, B, T):
@@ -143,6 +189,9 @@ def main():
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--gamma", type=float, default=0.5)
   p.add_argument("--tol", type=float, default=1e-4)
+  p.add_argument("--workdir", default=os.path.join(bc.ROOT, "workdirs", "s5_length_sweep",
+                                                   "word", "t2mlr_middle"),
+                 help="trained S5 word-problem run for the step_trained part")
   p.add_argument("--out", default=None)
   args = p.parse_args()
   results = {}
@@ -152,6 +201,8 @@ def main():
     elif part == "step_raw":
       results["step_raw"] = part_step(args.shape, args.repeats, args.gamma, args.tol,
                                       residual=False)
+    elif part == "step_trained":
+      results["step_trained"] = part_step_trained(args.workdir, args.repeats, args.tol)
     elif part == "memory":
       results["memory"] = part_memory(args.shape)
     elif part == "compile":
@@ -165,7 +216,8 @@ def main():
     import json
     with open(previous) as f:
       old = json.load(f)
-    results = {**{k: v for k, v in old.items() if k in ("step", "step_raw", "memory", "compile")},
+    kept = ("step", "step_raw", "step_trained", "memory", "compile")
+    results = {**{k: v for k, v in old.items() if k in kept},
                **results}
   print("wrote", bc.write_json(out, results))
 

@@ -70,6 +70,16 @@ def train_rows(d, name) -> list[str]:
               f"{s['ratio_to_baseline']['jacobi_tol']:.2f} | {s['sweeps']['tol']} | "
               f"{s['loss']['tol']:.6f} |"]
     out.append("")
+  if "step_trained" in d:
+    s = d["step_trained"]
+    ms, ratio = s["ms_per_step"], s["ratio_to_baseline"]
+    out += [f"Trained model (`--parts=step_trained`, `{s['workdir']}`, its own shape "
+            f"B={s['batch']}, T={s['seq_len']}, Jacobi {s['d_forward']}/{s['d_backward']}): "
+            f"baseline {ms['baseline']:.0f} ms, fixed sweeps {ms['jacobi_fixed']:.0f} ms "
+            f"({ratio['jacobi_fixed']:.2f}×, {s['sweeps']['fixed']} sweeps), "
+            f"jacobi_tol={s['jacobi_tol']} {ms['jacobi_tol']:.0f} ms "
+            f"({ratio['jacobi_tol']:.2f}×, {s['sweeps']['tol']} sweeps); loss on the "
+            f"running states {s['loss']['fixed']:.3g} vs {s['loss']['tol']:.3g}.", ""]
   if "memory" in d:
     m = d["memory"]
     out.append("Peak temporary memory of the compiled step (XLA `memory_analysis`, MB):")
