@@ -105,12 +105,13 @@ def prefill_rows(d) -> list[str]:
   out = [f"**Exact parallel prefill** (`python experiments/bench_prefill.py`; "
          f"{_machine(d)}): Jacobi sweeps until max|ΔR| < {d['tol']} (at most T) vs "
          "token-by-token exact prefill, batch 1.", "",
-         "| model | T | exact ms | Jacobi ms | speed-up | sweeps | max logit diff |",
-         "|---|---|---|---|---|---|---|"]
+         "| model | T | exact ms | Jacobi ms | speed-up | sweeps | max logit diff | runs |",
+         "|---|---|---|---|---|---|---|---|"]
   for model, rows in d["models"].items():
     for T, r in rows.items():
       out.append(f"| {model} | {T} | {r['exact_ms']:.0f} | {r['jacobi_ms']:.0f} | "
-                 f"{r['speedup']:.2f}× | {r['sweeps']} | {r['max_logit_diff']:.1e} |")
+                 f"{r['speedup']:.2f}× | {r['sweeps']} | {r['max_logit_diff']:.1e} | "
+                 f"{r.get('repeats', '')} |")
   return out
 
 
