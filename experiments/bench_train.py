@@ -61,6 +61,36 @@ def loss_and_grad(cfg, mode):
   return jax.jit(jax.value_and_grad(loss, has_aux=True))
 
 
+def compare_steps(cfg, params, batch, repeats, tol):
+  """The baseline (recurrence off), Jacobi with fixed sweeps and Jacobi with jacobi_tol
+  on the same batch (tokens[, labels]), alternated: medians, sweeps run, losses."""
+  import jax
+  base_params = {k: v for k, v in params.items() if k != "recurrence"}
+  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=tol))
+  fns = {"baseline": (loss_and_grad(cfg.replace(recurrence=None), "parallel"), base_params),
+         "jacobi_fixed": (loss_and_grad(cfg, "jacobi"), params),
+         "jacobi_tol": (loss_and_grad(tol_cfg, "jacobi"), params)}
+  outs = {name: jax.block_until_ready(fn(p, *batch))      # compile + first run
+          for name, (fn, p) in fns.items()}
+  times = bc.alternate({k: (lambda f=f, p=p: f(p, *batch)) for k, (f, p) in fns.items()},
+                       repeats)
+  med = {k: bc.median(v) for k, v in times.items()}
+  (l_fixed, aux_fixed), _ = outs["jacobi_fixed"]
+  (l_tol, aux_tol), _ = outs["jacobi_tol"]
+  rc = cfg.recurrence
+  return {"jacobi_tol": tol, "residual": rc.residual,
+          "d_forward": rc.d_forward, "d_backward": rc.d_backward,
+          "ms_per_step": {k: round(v * 1e3, 1) for k, v in med.items()},
+          "ratio_to_baseline": {k: round(v / med["baseline"], 3) for k, v in med.items()},
+          "sweeps": {"fixed": int(aux_fixed["jacobi_sweeps"]),
+                     "tol": int(aux_tol["jacobi_sweeps"])},
+          "residual_after_sweeps": {"fixed": float(aux_fixed["jacobi_residual"]),
+                                    "tol": float(aux_tol["jacobi_residual"])},
+          "loss": {"fixed": float(l_fixed), "tol": float(l_tol),
+                   "abs_diff": abs(float(l_fixed) - float(l_tol))},
+          "raw_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()}}
+
+
 def part_step(shape, repeats, gamma, tol, residual=True):
   import jax
   import numpy as np
@@ -70,34 +100,12 @@ def part_step(shape, repeats, gamma, tol, residual=True):
   params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
   params["recurrence"]["gamma_rec"] = np.float32(gamma)
   params["recurrence"]["gamma_cur"] = np.float32(gamma)
-  base_params = {k: v for k, v in params.items() if k != "recurrence"}
   tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (B, T)).astype(np.int32)
-  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=tol))
-  fns = {"baseline": (loss_and_grad(cfg.replace(recurrence=None), "parallel"), base_params),
-         "jacobi_fixed": (loss_and_grad(cfg, "jacobi"), params),
-         "jacobi_tol": (loss_and_grad(tol_cfg, "jacobi"), params)}
-  outs = {}
-  for name, (fn, p) in fns.items():
-    outs[name] = jax.block_until_ready(fn(p, tokens))      # compile + first run
-  times = bc.alternate({k: (lambda f=f, p=p: f(p, tokens)) for k, (f, p) in fns.items()},
-                       repeats)
-  med = {k: bc.median(v) for k, v in times.items()}
-  (l_fixed, aux_fixed), _ = outs["jacobi_fixed"]
-  (l_tol, aux_tol), _ = outs["jacobi_tol"]
-  return {"shape": shape, "batch": B, "seq_len": T, "gamma": gamma, "jacobi_tol": tol,
-          "residual": residual,
-          "d_forward": 16, "d_backward": 4,
-          "ms_per_step": {k: round(v * 1e3, 1) for k, v in med.items()},
-          "ratio_to_baseline": {k: round(v / med["baseline"], 3) for k, v in med.items()},
-          "sweeps": {"fixed": int(aux_fixed["jacobi_sweeps"]),
-                     "tol": int(aux_tol["jacobi_sweeps"])},
-          "loss": {"fixed": float(l_fixed), "tol": float(l_tol),
-                   "abs_diff": abs(float(l_fixed) - float(l_tol))},
-          "raw_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()}}
+  return {"shape": shape, "batch": B, "seq_len": T, "gamma": gamma,
+          **compare_steps(cfg, params, (tokens,), repeats, tol)}
 
 
 def part_step_trained(workdir, repeats, tol):
-  import jax
   import numpy as np
 
   from t2mlr_jax import checkpoint
@@ -111,29 +119,8 @@ def part_step_trained(workdir, repeats, tol):
   problems = [s5.generate_word_problem((7, i), T, group=config.data.group) for i in range(B)]
   tokens = np.stack([ex["input_ids"] for ex in problems])
   labels = np.stack([ex["target_ids"] for ex in problems])     # the running states
-  base_params = {k: v for k, v in params.items() if k != "recurrence"}
-  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=tol))
-  fns = {"baseline": (loss_and_grad(cfg.replace(recurrence=None), "parallel"), base_params),
-         "jacobi_fixed": (loss_and_grad(cfg, "jacobi"), params),
-         "jacobi_tol": (loss_and_grad(tol_cfg, "jacobi"), params)}
-  outs = {name: jax.block_until_ready(fn(p, tokens, labels)) for name, (fn, p) in fns.items()}
-  times = bc.alternate({k: (lambda f=f, p=p: f(p, tokens, labels)) for k, (f, p) in fns.items()},
-                       repeats)
-  med = {k: bc.median(v) for k, v in times.items()}
-  (l_fixed, aux_fixed), _ = outs["jacobi_fixed"]
-  (l_tol, aux_tol), _ = outs["jacobi_tol"]
-  rc = cfg.recurrence
   return {"workdir": os.path.relpath(workdir, bc.ROOT), "batch": B, "seq_len": T,
-          "jacobi_tol": tol, "d_forward": rc.d_forward, "d_backward": rc.d_backward,
-          "residual": rc.residual,
-          "ms_per_step": {k: round(v * 1e3, 1) for k, v in med.items()},
-          "ratio_to_baseline": {k: round(v / med["baseline"], 3) for k, v in med.items()},
-          "sweeps": {"fixed": int(aux_fixed["jacobi_sweeps"]),
-                     "tol": int(aux_tol["jacobi_sweeps"])},
-          "residual_after_sweeps": {"fixed": float(aux_fixed["jacobi_residual"]),
-                                    "tol": float(aux_tol["jacobi_residual"])},
-          "loss": {"fixed": float(l_fixed), "tol": float(l_tol),
-                   "abs_diff": abs(float(l_fixed) - float(l_tol))}}
+          **compare_steps(cfg, params, (tokens, labels), repeats, tol)}
 
 
 def temp_bytes(cfg, B, T):
