@@ -185,13 +185,13 @@ class Attention(nn.Module):
     k = dense(Nk * K, "k", cfg.qkv_bias)(x_BTD).reshape(B, T, Nk, K)
     v = dense(Nk * K, "v", cfg.qkv_bias)(x_BTD).reshape(B, T, Nk, K)
     q, k = apply_rope(q, rope), apply_rope(k, rope)
-    q = q.reshape(B, T, Nk, N // Nk, K)
-    scores = lambda keys: jnp.einsum("btngk,bsnk->bngts", q, keys.astype(dt)
-                                     ).astype(jnp.float32) / math.sqrt(K)
     if kv is None:          # a full sequence: its own keys, mask [B, T, T]
       chex.assert_shape(mask_BTS, (B, T, T))
-      out = attend(q.reshape(B, T, N, K), k, v, mask_BTS)
+      out = attend(q, k, v, mask_BTS)
     else:                   # one new token over a cache that does not hold it yet
+      q = q.reshape(B, T, Nk, N // Nk, K)
+      scores = lambda keys: jnp.einsum("btngk,bsnk->bngts", q, keys.astype(dt)
+                                       ).astype(jnp.float32) / math.sqrt(K)
       S = kv.k.shape[1]
       chex.assert_shape(mask_BTS, (B, 1, S))
       # cached slots visible to the query (the slot `index` is the new token's own)
