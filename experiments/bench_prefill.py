@@ -4,9 +4,9 @@ token-by-token exact prefill (issue 6, target 4).
 On a trained S5 model (a workdir of the length sweep or the default job), on random
 weights at the same shape with the recurrence switched on (γ = 0.5), and on the same
 random weights with the raw cache (`residual=False`: R_{t+1} = o_t), whose recurrence
-contracts. The residual cache R <- norm(o + R) is a near-integrator and does not
-contract, so those two need all T sweeps; above --max_len_full they are timed once
-(--repeats otherwise): T = 2048 sweeps at T = 2048 take minutes per run.
+contracts. The residual cache R <- norm(o + R) is a near-integrator and barely
+contracts, so those two need all (or nearly all) T sweeps; above --max_len_full they
+are timed once (--repeats otherwise): ~2000 sweeps at T = 2048 take minutes per run.
 Reports the sweeps needed, the speed-up and the max logit difference to exact.
 
     python experiments/bench_prefill.py --workdir=workdirs/s5_length_sweep/word/t2mlr_middle
