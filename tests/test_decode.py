@@ -147,3 +147,21 @@ def test_parallel_jacobi_prefill_capped_at_T_equals_exact(model):
   inp = modes.seq_inputs(jnp.asarray(prompt))
   _, aux, _ = modes.jacobi_prefill(params, cfg, jnp.asarray(prompt), inp, tol=1e-6)
   assert 1 <= int(aux["jacobi_sweeps"]) <= 12
+
+
+@pytest.mark.parametrize("B", [1, 2])
+def test_decode_loop_updates_the_kv_cache_in_place(model, B):
+  """The compiled generate loop holds no full copy of any layer's KV cache (a
+  structural check, not a timing one): at batch 1 a [B, N_kv, S, K] cache made XLA:CPU
+  copy every cache twice per token."""
+  import re
+  cfg, params = model
+  P, N = 5, 3
+  prompt = jnp.asarray(random_tokens(cfg, B, P, seed=9))
+  hlo = decode._generate.lower(
+      params, cfg, prompt, jnp.full((B,), P, jnp.int32), jax.random.PRNGKey(0), N, 0.0, None,
+      None, None, 2, False, "exact", None).compile().as_text()
+  shape = f"f32[{B * cfg.n_kv_heads},{P + N},{cfg.head_dim}]"
+  assert hlo.count(shape) > 0, "cache shape not found: the layout changed, update the test"
+  copies = re.findall(re.escape(shape) + r"\{[0-9,]*\} copy\(", hlo)
+  assert not copies, f"{len(copies)} copies of a KV cache in the compiled decode loop"

@@ -12,8 +12,8 @@ import pytest
 from t2mlr_jax import forward
 from t2mlr_jax.losses import cross_entropy, next_token_labels
 from t2mlr_jax import ModelConfig
-from t2mlr_jax.model.layers import (Attention, apply_rope, attend, attention_mask, rope_tables,
-                                    swiglu)
+from t2mlr_jax.model.layers import (KV, Attention, apply_rope, attend, attention_mask, from_cache,
+                                    rope_tables, swiglu, to_cache)
 from _util import active_params, random_tokens, tiny_cfg
 
 
@@ -44,6 +44,42 @@ def test_full_sequence_attention_matches_reference_and_padding_rows_are_zero():
   np.testing.assert_array_equal(np.asarray(y[0, :3]), 0.0)   # queries with no visible key
   np.testing.assert_allclose(np.asarray(kv.k), np.asarray(k), atol=1e-6)
   assert np.all(np.isfinite(np.asarray(y)))
+
+
+@pytest.mark.parametrize("B", [1, 2])
+def test_cached_attention_token_by_token_equals_full_sequence(B):
+  """The decode path (write the token's keys into a [B·N_kv, S, K] cache, attend over
+  it) equals full-sequence attention row by row, padding rows included; the final
+  cache holds the sequence's keys (`to_cache` / `from_cache` round trip)."""
+  cfg = ModelConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+                    max_seq_len=16, rope_theta=10000.0)
+  T, S = 6, 9
+  x = jax.random.normal(jax.random.PRNGKey(2), (B, T, 32))
+  valid = jnp.array([[False] * 2 + [True] * 4, [True] * 6])[:B]     # row 0 left-padded by 2
+  positions = jnp.maximum(jnp.arange(T)[None] - jnp.array([[2], [0]])[:B], 0)
+  slots = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
+  rope = rope_tables(cfg, positions)
+  attn = Attention(cfg)
+  params = attn.init(jax.random.PRNGKey(3), x, rope, attention_mask(slots, valid))["params"]
+  y_full, kv_full = attn.apply({"params": params}, x, rope, attention_mask(slots, valid))
+
+  empty = jnp.zeros((B, 0, cfg.n_kv_heads, cfg.head_dim))
+  cache = to_cache(KV(empty, empty), S)
+  assert cache.k.shape == (B * cfg.n_kv_heads, S, cfg.head_dim)
+  valid_S = jnp.pad(valid, ((0, 0), (0, S - T)))
+  ys = []
+  for t in range(T):
+    mask = attention_mask(slots[:, t:t + 1], valid_S)
+    rope_t = rope_tables(cfg, positions[:, t:t + 1])
+    y, cache = attn.apply({"params": params}, x[:, t:t + 1], rope_t, mask, cache, t)
+    ys.append(y)
+  np.testing.assert_allclose(np.asarray(jnp.concatenate(ys, 1)), np.asarray(y_full),
+                             atol=1e-6, rtol=1e-5)
+  back = from_cache(cache, B)
+  np.testing.assert_allclose(np.asarray(back.k[:, :T]), np.asarray(kv_full.k), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(back.v[:, :T]), np.asarray(kv_full.v), atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(back.k[:, T:]), 0.0)
+  np.testing.assert_allclose(np.asarray(to_cache(kv_full, S).k), np.asarray(cache.k), atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 5e-2)])

@@ -19,15 +19,15 @@ import numpy as np
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence as rec
-from t2mlr_jax.model.layers import KV, Block, attention_mask, rope_tables, write_kv
+from t2mlr_jax.model.layers import KV, attention_mask, rope_tables, to_cache
 from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, jacobi_prefill, parallel
 
 PREFILLS = ("exact", "jacobi")
-from t2mlr_jax.model.transformer import embed, head
+from t2mlr_jax.model.transformer import embed, head, run_cached, split_layers
 
 
 class DecodeState(NamedTuple):
-  kv: tuple           # per layer: KV, each [B, S, N_kv, K]
+  kv: tuple           # per layer: KV, each [B·N_kv, S, K] (layers.to_cache)
   R: jnp.ndarray      # [B, D] fp32 recurrent state (zeros without recurrence)
   valid: jnp.ndarray  # [B, S] bool: slot holds a real (non-padding) token
   index: jnp.ndarray  # int32 scalar: the next slot to write
@@ -54,33 +54,20 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
       last_cf = inp.control_flow[:, -1:]
       R = rec.write(params["recurrence"], cfg, outs["middle"][:, -1:], R[:, None],
                     last_cf)[:, 0]
-  pad = lambda a: jnp.pad(a, ((0, 0), (0, cache_len - T), (0, 0), (0, 0)))
-  per_layer = tuple(KV(pad(kvs[name].k[i]), pad(kvs[name].v[i]))
+  per_layer = tuple(to_cache(KV(kvs[name].k[i], kvs[name].v[i]), cache_len)
                     for name, lo, hi in cfg.segments for i in range(hi - lo))
   valid = jnp.pad(inp.control_flow != rec.CF_PAD, ((0, 0), (0, cache_len - T)))
   state = DecodeState(per_layer, R, valid, jnp.asarray(T, jnp.int32), inp.positions[:, -1] + 1)
   return logits[:, -1], state
 
 
-def split_layers(params) -> tuple:
-  """The stacked layer tree as one tree per layer, for the decode loop.
-
-  Scanning over a stacked tree slices (copies) every layer's weights at every step,
-  which at batch 1 doubles the memory traffic of a memory-bound decode. Split once
-  before the loop (an optimisation barrier keeps XLA from re-slicing inside it),
-  the decode step runs the same Block over each layer's own buffers.
-  """
-  n = jax.tree.leaves(params["layers"])[0].shape[0]
-  layers = tuple(jax.tree.map(lambda a: a[i], params["layers"]) for i in range(n))
-  return jax.lax.optimization_barrier(layers)
-
-
 def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B, layers=None):
   """Feed one recurrent (cf 2) token per row; returns (logits [B,V], new state).
 
-  `layers`: the per-layer weights (`split_layers(params)`), split once per generate.
+  `layers`: the per-layer weights (`split_layers(params["layers"])`), split once per
+  generate.
   """
-  layers = split_layers(params) if layers is None else layers
+  layers = split_layers(params["layers"]) if layers is None else layers
   B = token_B.shape[0]
   idx = state.index
   valid = jax.lax.dynamic_update_slice_in_dim(state.valid, jnp.ones((B, 1), bool), idx, axis=1)
@@ -88,16 +75,14 @@ def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B, layers=No
   pos = state.positions[:, None]
   rope = rope_tables(cfg, pos)
   cf = jnp.full((B, 1), rec.CF_RECURRENT, jnp.int32)
-  start, end = cfg.recurrent_block if cfg.recurrence is not None else (-1, -1)
-  block = Block(cfg)
-  x, R, kv = embed(params, cfg, token_B[:, None]), state.R, list(state.kv)
-  for i in range(cfg.n_layers):
-    if i == start:
+  x, R, kv = embed(params, cfg, token_B[:, None]), state.R, []
+  for name, lo, hi in cfg.segments:
+    if name == "middle":
       R_read = jnp.where((pos == 0)[..., None], 0.0, R[:, None])
       x, _ = rec.inject(params["recurrence"], cfg, x, R_read, cf)
-    x, new_kv = block.apply({"params": layers[i]}, x, rope, mask, kv[i], idx)
-    kv[i] = write_kv(kv[i], new_kv, idx, axis=1)
-    if i == end:
+    x, caches = run_cached(layers[lo:hi], cfg, x, rope, mask, state.kv[lo:hi], idx)
+    kv.extend(caches)
+    if name == "middle":
       R = rec.write(params["recurrence"], cfg, x, R_read, cf)[:, 0]
   logits = head(params, cfg, x)[:, 0]
   return logits, DecodeState(tuple(kv), R, valid, idx + 1, state.positions + 1)
@@ -137,7 +122,7 @@ def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, to
   logits, state = prefill(params, cfg, prompt, inp, P + N,
                           recurrent_prompt=prompt_control_flow == rec.CF_RECURRENT,
                           method=prefill_method, tol=prefill_tol)
-  layers = split_layers(params)
+  layers = split_layers(params["layers"])
   keys = jax.random.split(rng, N)
   fill = 0 if eos_id is None else eos_id
   tokens = jnp.full((B, N), fill, jnp.int32)

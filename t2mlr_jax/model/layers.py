@@ -102,17 +102,33 @@ def attention_mask(q_slot_BT, k_valid_BS, q_seg_BT=None, k_seg_BS=None):
   return mask
 
 
-def _masked_softmax(logits, mask_BTS):
-  """Softmax over keys; a query with no visible key (padding) attends to nothing."""
-  m = mask_BTS[:, None, None]
-  return jnp.where(m, jax.nn.softmax(jnp.where(m, logits, NEG_INF), axis=-1), 0.0)
-
-
-def write_kv(cache: "KV", new: "KV", index, axis: int = 1) -> "KV":
-  """Write the new tokens' keys/values into a preallocated cache at `index` (in place
-  when the cache is a loop carry)."""
-  put = lambda c, n: jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), index, axis=axis)
+def write_kv(cache: "KV", new: "KV", index) -> "KV":
+  """Write one token's keys/values [B, 1, N_kv, K] into a cache [B·N_kv, S, K] at slot
+  `index` (in place when the cache is a loop carry)."""
+  def put(c, n):
+    n = n.reshape(c.shape[0], 1, n.shape[-1]).astype(c.dtype)    # [B·N_kv, 1, K]
+    return jax.lax.dynamic_update_slice_in_dim(c, n, index, axis=1)
   return KV(put(cache.k, new.k), put(cache.v, new.v))
+
+
+def to_cache(kv: "KV", cache_len: int) -> "KV":
+  """A sequence's keys/values [..., B, T, N_kv, K] as a cache [..., B·N_kv, S, K],
+  zero-padded to S = cache_len slots."""
+  def conv(a):
+    *lead, B, T, N, K = a.shape
+    a = jnp.swapaxes(a, -3, -2).reshape(*lead, B * N, T, K)
+    pad = [(0, 0)] * a.ndim
+    pad[-2] = (0, cache_len - T)
+    return jnp.pad(a, pad)
+  return KV(conv(kv.k), conv(kv.v))
+
+
+def from_cache(kv: "KV", batch: int) -> "KV":
+  """The inverse of `to_cache` (without removing padding): [..., B, S, N_kv, K]."""
+  def conv(a):
+    *lead, BN, S, K = a.shape
+    return jnp.swapaxes(a.reshape(*lead, batch, BN // batch, S, K), -3, -2)
+  return KV(conv(kv.k), conv(kv.v))
 
 
 def attend(q_BTNK, k_BSMK, v_BSMK, mask_BTS):
@@ -163,8 +179,14 @@ _attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
 
 
 class KV(NamedTuple):
-  """Keys and values of one layer (or a stack of layers: a leading layer axis)."""
-  k: jnp.ndarray   # [B, S, N_kv, K]
+  """Keys and values of one layer (or a stack of layers: a leading layer axis).
+
+  A sequence's own keys are [B, T, N_kv, K]; a decode cache is [B·N_kv, S, K]
+  (`to_cache`): the layout the attention dots read without a transposed copy, and
+  without a size-1 batch axis, which at batch 1 makes XLA:CPU duplicate the in-place
+  cache update (two full copies of every cache per token).
+  """
+  k: jnp.ndarray
   v: jnp.ndarray
 
 
@@ -188,24 +210,22 @@ class Attention(nn.Module):
     if kv is None:          # a full sequence: its own keys, mask [B, T, T]
       chex.assert_shape(mask_BTS, (B, T, T))
       out = attend(q, k, v, mask_BTS)
-    else:                   # one new token over a cache that does not hold it yet
-      q = q.reshape(B, T, Nk, N // Nk, K)
-      scores = lambda keys: jnp.einsum("btngk,bsnk->bngts", q, keys.astype(dt)
-                                       ).astype(jnp.float32) / math.sqrt(K)
+    else:                   # one new token: written into the cache first, then attends over it
+      if T != 1:
+        raise ValueError(f"attention over a cache takes one token per step, got T={T}")
+      kv = write_kv(kv, KV(k, v), index)
       S = kv.k.shape[1]
       chex.assert_shape(mask_BTS, (B, 1, S))
-      # cached slots visible to the query (the slot `index` is the new token's own)
-      cache_mask = mask_BTS & (jnp.arange(S) != index)[None, None, :]
-      new_mask = jax.lax.dynamic_slice_in_dim(mask_BTS, index, 1, axis=2)
-      logits = jnp.concatenate([scores(kv.k), scores(k)], axis=-1)
-      probs = _masked_softmax(logits, jnp.concatenate([cache_mask, new_mask], axis=-1))
-      probs = probs.astype(dt)
-      out = (jnp.einsum("bngts,bsnk->btngk", probs[..., :S], kv.v.astype(dt))
-             + jnp.einsum("bngts,bsnk->btngk", probs[..., S:], v))
+      q = q.reshape(B * Nk, N // Nk, K)                          # [B·N_kv, G, K]
+      logits = jnp.einsum("xgk,xsk->xgs", q, kv.k.astype(dt),
+                          preferred_element_type=jnp.float32) / math.sqrt(K)
+      mask = jnp.repeat(mask_BTS, Nk, axis=0)                    # [B·N_kv, 1, S]
+      probs = jnp.where(mask, jax.nn.softmax(jnp.where(mask, logits, NEG_INF), axis=-1), 0.0)
+      out = jnp.einsum("xgs,xsk->xgk", probs.astype(dt), kv.v.astype(dt))
     out = out.reshape(B, T, N * K)
     y = nn.Dense(cfg.d_model, use_bias=False, dtype=dt, param_dtype=jnp.float32,
                  kernel_init=dense_init(cfg), name="o")(out)
-    return y, KV(k, v)
+    return y, (KV(k, v) if kv is None else kv)
 
 
 @jax.custom_vjp
@@ -269,7 +289,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-  """Pre-norm decoder block; returns (x_out, KV) where KV are the keys the layer saw."""
+  """Pre-norm decoder block; returns (x_out, KV): the sequence's own keys/values, or
+  with a cache, the cache with this token's keys written at `index`."""
   cfg: ModelConfig
 
   @nn.compact

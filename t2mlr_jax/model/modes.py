@@ -23,8 +23,9 @@ import numpy as np
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence as rec
-from t2mlr_jax.model.layers import KV, Rope, attention_mask, rope_tables, write_kv
-from t2mlr_jax.model.transformer import embed, head, run_segment, segment_params
+from t2mlr_jax.model.layers import KV, Rope, attention_mask, from_cache, rope_tables, to_cache
+from t2mlr_jax.model.transformer import (embed, head, run_cached, run_segment, segment_params,
+                                         split_layers)
 
 MODES = ("parallel", "exact", "jacobi")
 
@@ -100,26 +101,26 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   cf, pos = inp.control_flow, inp.positions
   h_lo, kv_lo = _run(params, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
   p_mid, p_rec = _segment(params, cfg, "middle"), params["recurrence"]
-  n_mid = jax.tree.leaves(p_mid)[0].shape[0]
-  Nk, K = cfg.n_kv_heads, cfg.head_dim
-  zeros_kv = jnp.zeros((n_mid, B, T, Nk, K), h_lo.dtype)
+  layers = split_layers(p_mid)
+  empty = jnp.zeros((B, 0, cfg.n_kv_heads, cfg.head_dim), h_lo.dtype)
+  caches = tuple(to_cache(KV(empty, empty), T) for _ in layers)
 
   def step(carry, xs):
-    R_BD, kv = carry
+    R_BD, caches = carry
     h_B1D, cf_B1, pos_B1, rope_t, mask_B1S, t = xs
     R_read = jnp.where((pos_B1 == 0)[..., None], 0.0, R_BD[:, None, :])
     x, gates = rec.inject(p_rec, cfg, h_B1D, R_read, cf_B1)
-    o, new_kv = run_segment(p_mid, cfg, x, rope_t, mask_B1S, kv, t)
-    kv = write_kv(kv, new_kv, t, axis=2)
+    o, caches = run_cached(layers, cfg, x, rope_t, mask_B1S, caches, t)
     R_new = rec.write(p_rec, cfg, o, R_read, cf_B1)[:, 0]
-    return (R_new, kv), (o[:, 0], gates)
+    return (R_new, caches), (o[:, 0], gates)
 
   time_major = lambda a: None if a is None else jnp.swapaxes(a, 0, 1)[:, :, None]
   rope_t = None if rope is None else Rope(time_major(rope.cos_BTK), time_major(rope.sin_BTK))
   xs = (time_major(h_lo), time_major(cf), time_major(pos), rope_t, time_major(mask),
         jnp.arange(T))
-  (R_final, kv_mid), (o_TBD, gates) = jax.lax.scan(
-      step, (rec.zero_state(cfg, B), KV(zeros_kv, zeros_kv)), xs)
+  (R_final, caches), (o_TBD, gates) = jax.lax.scan(
+      step, (rec.zero_state(cfg, B), caches), xs)
+  kv_mid = jax.tree.map(lambda *a: jnp.stack(a), *(from_cache(c, B) for c in caches))
   y, kv_up = _run(params, cfg, "upper", jnp.swapaxes(o_TBD, 0, 1), rope, mask)
   gates = jax.tree.map(lambda a: jnp.swapaxes(a[:, :, 0], 0, 1), gates)
   kvs = {"lower": kv_lo, "middle": kv_mid, "upper": kv_up}

@@ -70,26 +70,46 @@ def _remat(cfg: ModelConfig, fn):
   return fn
 
 
-def run_segment(layer_params, cfg: ModelConfig, x_BTD, rope, mask_BTS,
-                kv: Optional[KV] = None, index=None):
-  """Run a stacked slice of layers; returns (x, the new keys/values [n, B, T, N_kv, K]).
-
-  With `kv` (a stacked cache [n, B, S, N_kv, K] that does not hold the new token
-  yet) one token attends to the cache and itself; the caller writes the returned
-  keys into the cache at `index` (`layers.write_kv`, axis 2), in place in a loop.
-  """
+def run_segment(layer_params, cfg: ModelConfig, x_BTD, rope, mask_BTS):
+  """Run a stacked slice of layers over a full sequence with `lax.scan`; returns
+  (x, the layers' keys/values [n, B, T, N_kv, K])."""
   block = Block(cfg)
 
-  def layer(x, p_and_kv):
-    p, layer_kv = p_and_kv
-    return block.apply({"params": p}, x, rope, mask_BTS, layer_kv, index)
+  def layer(x, p):
+    return block.apply({"params": p}, x, rope, mask_BTS)
 
   layer = _remat(cfg, layer)
   n = jax.tree.leaves(layer_params)[0].shape[0]
   if cfg.scan_layers:
-    return jax.lax.scan(layer, x_BTD, (layer_params, kv))
+    return jax.lax.scan(layer, x_BTD, layer_params)
   outs = []
   for i in range(n):
-    x_BTD, out = layer(x_BTD, jax.tree.map(lambda a: a[i], (layer_params, kv)))
+    x_BTD, out = layer(x_BTD, jax.tree.map(lambda a: a[i], layer_params))
     outs.append(out)
   return x_BTD, jax.tree.map(lambda *a: jnp.stack(a), *outs)
+
+
+def split_layers(layer_params) -> tuple:
+  """A stacked layer tree as one tree per layer, for token-by-token loops.
+
+  Inside a loop, slicing a stacked tree copies every layer's weights at every step
+  (doubling the memory traffic of a memory-bound decode). Split once before the loop
+  (an optimisation barrier keeps XLA from re-slicing inside it); `run_cached` then
+  runs the same Block over each layer's own buffers.
+  """
+  n = jax.tree.leaves(layer_params)[0].shape[0]
+  layers = tuple(jax.tree.map(lambda a: a[i], layer_params) for i in range(n))
+  return jax.lax.optimization_barrier(layers)
+
+
+def run_cached(layers: tuple, cfg: ModelConfig, x_B1D, rope, mask_B1S, caches: tuple, index):
+  """One token through per-layer weights (`split_layers`) and per-layer KV caches
+  ([B·N_kv, S, K], `layers.to_cache`); returns (x, the caches with the token's keys
+  written at slot `index`). Unrolled: each cache is updated in place in a loop carry."""
+  block, out = Block(cfg), []
+  layer = _remat(cfg, lambda x, p, cache: block.apply({"params": p}, x, rope, mask_B1S, cache,
+                                                      index))
+  for p, cache in zip(layers, caches):
+    x_B1D, cache = layer(x_B1D, p, cache)
+    out.append(cache)
+  return x_B1D, tuple(out)
