@@ -24,8 +24,8 @@ import numpy as np
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence as rec
 from t2mlr_jax.model.layers import KV, Rope, attention_mask, from_cache, rope_tables, to_cache
-from t2mlr_jax.model.transformer import (embed, head, run_cached, run_segment, segment_params,
-                                         split_layers)
+from t2mlr_jax.model import transformer
+from t2mlr_jax.model.transformer import embed, head
 
 MODES = ("parallel", "exact", "jacobi")
 
@@ -55,19 +55,22 @@ def _context(cfg: ModelConfig, inp: SeqInputs, T: int):
   return rope_tables(cfg, inp.positions), mask
 
 
-def _segment(params, cfg, name):
-  for seg_name, lo, hi in cfg.segments:
-    if seg_name == name:
-      return segment_params(params, lo, hi)
-  return None
+def _segments(params, cfg, unrolled=()) -> dict:
+  """{name: layers} over cfg.segments: stacked trees, or per-layer tuples for the names
+  in `unrolled` (`transformer.split_segments`)."""
+  parts = tuple((lo, hi, name in unrolled) for name, lo, hi in cfg.segments)
+  segs = transformer.split_segments(params["layers"], parts)
+  return {name: seg for (name, _, _), seg in zip(cfg.segments, segs)}
 
 
-def _run(params, cfg, name, x, rope, mask):
+def _run(segs, cfg, name, x, rope, mask):
   """Run one named segment in parallel over the sequence; identity if it is empty."""
-  p = _segment(params, cfg, name)
+  p = segs.get(name)
   if p is None:
     return x, None
-  return run_segment(p, cfg, x, rope, mask)
+  if isinstance(p, tuple):
+    return transformer.run_unrolled(p, cfg, x, rope, mask)
+  return transformer.run_segment(p, cfg, x, rope, mask)
 
 
 # ---------------------------------------------------------------------- parallel
@@ -84,9 +87,9 @@ def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: boo
   T = tokens_BT.shape[1]
   rope, mask = _context(cfg, inp, T)
   x = embed(params, cfg, tokens_BT)
-  kvs, outs = {}, {}
-  for name, lo, hi in cfg.segments:
-    x, kvs[name] = run_segment(segment_params(params, lo, hi), cfg, x, rope, mask)
+  segs, kvs, outs = _segments(params, cfg), {}, {}
+  for name, _, _ in cfg.segments:
+    x, kvs[name] = _run(segs, cfg, name, x, rope, mask)
     outs[name] = x
   return _logits(params, cfg, x, last_only), kvs, outs
 
@@ -99,9 +102,10 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   B, T = tokens_BT.shape
   rope, mask = _context(cfg, inp, T)
   cf, pos = inp.control_flow, inp.positions
-  h_lo, kv_lo = _run(params, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
-  p_mid, p_rec = _segment(params, cfg, "middle"), params["recurrence"]
-  layers = split_layers(p_mid)
+  segs = _segments(params, cfg, unrolled=("middle",))
+  h_lo, kv_lo = _run(segs, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
+  p_rec = params["recurrence"]
+  layers = jax.lax.optimization_barrier(segs["middle"])     # no weight slicing per token
   empty = jnp.zeros((B, 0, cfg.n_kv_heads, cfg.head_dim), h_lo.dtype)
   caches = tuple(to_cache(KV(empty, empty), T) for _ in layers)
 
@@ -110,7 +114,7 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
     h_B1D, cf_B1, pos_B1, rope_t, mask_B1S, t = xs
     R_read = jnp.where((pos_B1 == 0)[..., None], 0.0, R_BD[:, None, :])
     x, gates = rec.inject(p_rec, cfg, h_B1D, R_read, cf_B1)
-    o, caches = run_cached(layers, cfg, x, rope_t, mask_B1S, caches, t)
+    o, caches = transformer.run_cached(layers, cfg, x, rope_t, mask_B1S, caches, t)
     R_new = rec.write(p_rec, cfg, o, R_read, cf_B1)[:, 0]
     return (R_new, caches), (o[:, 0], gates)
 
@@ -121,7 +125,7 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   (R_final, caches), (o_TBD, gates) = jax.lax.scan(
       step, (rec.zero_state(cfg, B), caches), xs)
   kv_mid = jax.tree.map(lambda *a: jnp.stack(a), *(from_cache(c, B) for c in caches))
-  y, kv_up = _run(params, cfg, "upper", jnp.swapaxes(o_TBD, 0, 1), rope, mask)
+  y, kv_up = _run(segs, cfg, "upper", jnp.swapaxes(o_TBD, 0, 1), rope, mask)
   gates = jax.tree.map(lambda a: jnp.swapaxes(a[:, :, 0], 0, 1), gates)
   kvs = {"lower": kv_lo, "middle": kv_mid, "upper": kv_up}
   kvs = {k: v for k, v in kvs.items() if v is not None}
@@ -138,13 +142,13 @@ def _max_abs(a):
 def _sweep(cfg, p_mid, p_rec, h_lo, R, rope, mask, inp: SeqInputs):
   """One middle pass with the mixer on; returns the next shifted cache."""
   x, _ = rec.inject(p_rec, cfg, h_lo, R, inp.control_flow)
-  o, _ = run_segment(p_mid, cfg, x, rope, mask)
+  o, _ = _run({"middle": p_mid}, cfg, "middle", x, rope, mask)
   return rec.shift_right(rec.write(p_rec, cfg, o, R, inp.control_flow), inp.positions)
 
 
 def _sweep0(cfg, p_mid, h_lo, rope, mask, inp: SeqInputs):
   """Sweep 0: the plain middle block; its raw output, shifted, is the first cache."""
-  c, _ = run_segment(p_mid, cfg, h_lo, rope, mask)
+  c, _ = _run({"middle": p_mid}, cfg, "middle", h_lo, rope, mask)
   c = jnp.where((inp.control_flow == rec.CF_PAD)[..., None], 0.0, c.astype(jnp.float32))
   return rec.shift_right(c, inp.positions)
 
@@ -178,8 +182,9 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
   T = tokens_BT.shape[1]
   rope, mask = _context(cfg, inp, T)
   sg = jax.lax.stop_gradient
-  h_lo, _ = _run(params, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
-  p_mid, p_rec = _segment(params, cfg, "middle"), params["recurrence"]
+  segs = _segments(params, cfg, unrolled=("middle",))   # no weight slicing per sweep
+  h_lo, _ = _run(segs, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
+  p_mid, p_rec = segs["middle"], params["recurrence"]
   n_grad = min(d_backward, d_forward - 1)      # middle sweeps with gradient
   n_free = d_forward - 1 - n_grad              # middle sweeps without
 
@@ -207,8 +212,8 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
 
   # Final pass through the mixed middle block and the layers above.
   x, gates = rec.inject(p_rec, cfg, h_lo, R, inp.control_flow)
-  o, _ = run_segment(p_mid, cfg, x, rope, mask)
-  y, _ = _run(params, cfg, "upper", o, rope, mask)
+  o, _ = _run(segs, cfg, "middle", x, rope, mask)
+  y, _ = _run(segs, cfg, "upper", o, rope, mask)
   aux = {"jacobi_residual": sg(delta),
          "jacobi_sweeps": 1 + n_run + n_grad,
          **jax.tree.map(sg, rec.gate_means(gates, inp.control_flow))}
@@ -222,15 +227,16 @@ def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Opt
   (logits, aux, (kvs, R_final))."""
   T = tokens_BT.shape[1]
   rope, mask = _context(cfg, inp, T)
-  h_lo, kv_lo = _run(params, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
-  p_mid, p_rec = _segment(params, cfg, "middle"), params["recurrence"]
+  segs = _segments(params, cfg, unrolled=("middle",))
+  h_lo, kv_lo = _run(segs, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
+  p_mid, p_rec = segs["middle"], params["recurrence"]
   R = _sweep0(cfg, p_mid, h_lo, rope, mask, inp)
   sweep = lambda R: _sweep(cfg, p_mid, p_rec, h_lo, R, rope, mask, inp)
   R, delta, n_run = _iterate(sweep, R, _max_abs(R), T - 1, tol)
   cf = inp.control_flow
   x, gates = rec.inject(p_rec, cfg, h_lo, R, cf)
-  o, kv_mid = run_segment(p_mid, cfg, x, rope, mask)
-  y, kv_up = _run(params, cfg, "upper", o, rope, mask)
+  o, kv_mid = _run(segs, cfg, "middle", x, rope, mask)
+  y, kv_up = _run(segs, cfg, "upper", o, rope, mask)
   R_final = rec.write(p_rec, cfg, o[:, -1:], R[:, -1:], cf[:, -1:])[:, 0]
   kvs = {k: v for k, v in (("lower", kv_lo), ("middle", kv_mid), ("upper", kv_up))
          if v is not None}
