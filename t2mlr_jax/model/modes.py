@@ -182,7 +182,9 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
   T = tokens_BT.shape[1]
   rope, mask = _context(cfg, inp, T)
   sg = jax.lax.stop_gradient
-  segs = _segments(params, cfg, unrolled=("middle",))   # no weight slicing per sweep
+  # Unrolled over per-layer weights, the sweeps do not re-slice them; with a remat policy
+  # the scanned block keeps XLA's peak memory 1.4-2x lower (S5 shape, remat="full").
+  segs = _segments(params, cfg, unrolled=("middle",) if cfg.remat == "none" else ())
   h_lo, _ = _run(segs, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
   p_mid, p_rec = segs["middle"], params["recurrence"]
   n_grad = min(d_backward, d_forward - 1)      # middle sweeps with gradient
