@@ -141,7 +141,7 @@ def attend(q_BTNK, k_BSMK, v_BSMK, mask_BTS):
   `jax.nn.dot_product_attention` at the S5 shape (README "Performance").
   """
   B, T, N, K = q_BTNK.shape
-  S, M = k_BSMK.shape[1], k_BSMK.shape[2]
+  M = k_BSMK.shape[2]
   G = N // M
   q = jnp.transpose(q_BTNK.reshape(B, T, M, G, K), (0, 2, 3, 1, 4)).reshape(B, M, G * T, K)
   k, v = jnp.transpose(k_BSMK, (0, 2, 1, 3)), jnp.transpose(v_BSMK, (0, 2, 1, 3))

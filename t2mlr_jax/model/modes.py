@@ -63,14 +63,17 @@ def _segments(params, cfg, unrolled=()) -> dict:
   return {name: seg for (name, _, _), seg in zip(cfg.segments, segs)}
 
 
-def _run(segs, cfg, name, x, rope, mask):
-  """Run one named segment in parallel over the sequence; identity if it is empty."""
-  p = segs.get(name)
-  if p is None:
-    return x, None
+def _layers(p, cfg, x, rope, mask):
+  """Layers over the whole sequence: a stacked tree (scanned) or a per-layer tuple."""
   if isinstance(p, tuple):
     return transformer.run_unrolled(p, cfg, x, rope, mask)
   return transformer.run_segment(p, cfg, x, rope, mask)
+
+
+def _run(segs, cfg, name, x, rope, mask):
+  """Run one named segment in parallel over the sequence; identity if it is empty."""
+  p = segs.get(name)
+  return (x, None) if p is None else _layers(p, cfg, x, rope, mask)
 
 
 # ---------------------------------------------------------------------- parallel
@@ -142,13 +145,13 @@ def _max_abs(a):
 def _sweep(cfg, p_mid, p_rec, h_lo, R, rope, mask, inp: SeqInputs):
   """One middle pass with the mixer on; returns the next shifted cache."""
   x, _ = rec.inject(p_rec, cfg, h_lo, R, inp.control_flow)
-  o, _ = _run({"middle": p_mid}, cfg, "middle", x, rope, mask)
+  o, _ = _layers(p_mid, cfg, x, rope, mask)
   return rec.shift_right(rec.write(p_rec, cfg, o, R, inp.control_flow), inp.positions)
 
 
 def _sweep0(cfg, p_mid, h_lo, rope, mask, inp: SeqInputs):
   """Sweep 0: the plain middle block; its raw output, shifted, is the first cache."""
-  c, _ = _run({"middle": p_mid}, cfg, "middle", h_lo, rope, mask)
+  c, _ = _layers(p_mid, cfg, h_lo, rope, mask)
   c = jnp.where((inp.control_flow == rec.CF_PAD)[..., None], 0.0, c.astype(jnp.float32))
   return rec.shift_right(c, inp.positions)
 

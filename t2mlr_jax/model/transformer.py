@@ -12,14 +12,13 @@ sweeps, tokens), runs unrolled over per-layer weights split once (`run_unrolled`
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence
-from t2mlr_jax.model.layers import KV, Block, RMSNorm, compute_dtype, rope_tables
+from t2mlr_jax.model.layers import Block, RMSNorm, compute_dtype, rope_tables
 
 
 @functools.partial(jax.jit, static_argnums=0)
