@@ -3,14 +3,12 @@
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import t2mlr_jax  # noqa: E402
 from t2mlr_jax import T2MLRConfig, forward, generate  # noqa: E402
 from t2mlr_jax.convert import hf  # noqa: E402
 

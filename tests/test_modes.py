@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import t2mlr_jax
 from t2mlr_jax import T2MLRConfig, forward, init_params
 from t2mlr_jax.losses import cross_entropy, next_token_labels
 from _util import active_params, max_abs, random_tokens, tiny_cfg

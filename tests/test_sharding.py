@@ -1,7 +1,6 @@
 """Mesh construction, the partition-spec table, and sharded == single-device training."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P

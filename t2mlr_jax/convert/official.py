@@ -19,7 +19,7 @@ from typing import Any, Mapping, Union
 
 import numpy as np
 
-from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax.config import T2MLRConfig
 from t2mlr_jax.convert import hf
 
 PREFIX = "t2mlr_model."
