@@ -148,13 +148,20 @@ def test_evaluate_cli(reference, tmp_path):
   assert result["loss"] == pytest.approx(final_eval["loss"], abs=1e-6)
 
 
-def test_resume_refuses_a_different_config(tmp_path):
+def test_resume_refuses_a_different_config(tmp_path, monkeypatch):
   wd = str(tmp_path)
   loop.train(tiny_config(num_steps=2, eval_every=100), wd, progress=False)
   changed = tiny_config(num_steps=2, eval_every=100)
   changed.optimizer.lr = 1e-2
+  closed = []
+  for cls in (checkpoint.Checkpointer, loop.MetricsWriter):
+    monkeypatch.setattr(cls, "close", lambda self, close=cls.close, name=cls.__name__: (
+        closed.append(name), close(self)))
   with pytest.raises(ValueError, match="optimizer.lr"):
     loop.train(changed, wd, progress=False)
+  # the refusal closes what train() opened (TensorBoard writer, Orbax checkpointer)
+  assert sorted(closed) == ["Checkpointer", "MetricsWriter"]
+  monkeypatch.undo()
   # cadences may change on resume
   loop.train(tiny_config(num_steps=2, log_every=2, eval_every=50), wd, progress=False)
 

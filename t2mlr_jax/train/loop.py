@@ -9,6 +9,7 @@ last good checkpoint stays the latest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -126,55 +127,58 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
 
-  ckpt = ckpt_lib.Checkpointer(workdir, max_to_keep=t.max_to_keep,
-                               async_save=t.async_checkpointing)
-  source = task.train_source(config, t.num_steps * t.batch_size)
-  data_iter = make_iterator(source, global_batch=t.batch_size, seq_len=t.seq_len,
-                            shuffle=config.data.shuffle, seed=t.seed,
-                            num_threads=config.data.num_threads, prefetch=config.data.prefetch,
-                            process_index=jax.process_index(),
-                            process_count=jax.process_count())
-  shardings = state_shardings(cfg, tx, mesh)
-  writer = MetricsWriter(workdir, enabled=is_main)
-  latest = ckpt.latest_step()
-  if latest is not None:
-    saved = ckpt.read_json(latest, "config")
-    conflicts = config_lib.resume_conflicts(saved, config.to_dict())
-    if conflicts:
-      detail = ", ".join(f"{k}: saved {config_lib.flatten(saved).get(k)!r} vs now "
-                         f"{config_lib.flatten(config.to_dict()).get(k)!r}" for k in conflicts)
-      raise ValueError(f"{workdir} holds a run with a different config; refusing to resume "
-                       f"(only {', '.join(config_lib.RESUME_MUTABLE)} may change): {detail}")
-    target = ckpt_lib.with_shardings(abstract_state(cfg, tx), shardings)
-    state = ckpt.restore(latest, target, data_iter)
-    writer.truncate_after(latest)
-    _say(f"resumed from step {latest} in {workdir}")
-  else:
-    state = create_state(cfg, tx, jax.random.PRNGKey(t.seed), mesh)
-    if config.model.init_from:
-      state = _init_from_pretrained(state, config, cfg, tx, shardings)
-  if is_main:
-    _record_run(workdir, config)
+  # Everything opened below is closed on every way out: a refused resume or a failed
+  # restore too (an open TensorBoard writer and Orbax's threads outlive the call).
+  with contextlib.ExitStack() as cleanup:
+    ckpt = cleanup.enter_context(contextlib.closing(ckpt_lib.Checkpointer(
+        workdir, max_to_keep=t.max_to_keep, async_save=t.async_checkpointing)))
+    source = task.train_source(config, t.num_steps * t.batch_size)
+    data_iter = make_iterator(source, global_batch=t.batch_size, seq_len=t.seq_len,
+                              shuffle=config.data.shuffle, seed=t.seed,
+                              num_threads=config.data.num_threads, prefetch=config.data.prefetch,
+                              process_index=jax.process_index(),
+                              process_count=jax.process_count())
+    shardings = state_shardings(cfg, tx, mesh)
+    writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, enabled=is_main)))
+    latest = ckpt.latest_step()
+    if latest is not None:
+      saved = ckpt.read_json(latest, "config")
+      conflicts = config_lib.resume_conflicts(saved, config.to_dict())
+      if conflicts:
+        detail = ", ".join(f"{k}: saved {config_lib.flatten(saved).get(k)!r} vs now "
+                           f"{config_lib.flatten(config.to_dict()).get(k)!r}" for k in conflicts)
+        raise ValueError(f"{workdir} holds a run with a different config; refusing to resume "
+                         f"(only {', '.join(config_lib.RESUME_MUTABLE)} may change): {detail}")
+      target = ckpt_lib.with_shardings(abstract_state(cfg, tx), shardings)
+      state = ckpt.restore(latest, target, data_iter)
+      writer.truncate_after(latest)
+      _say(f"resumed from step {latest} in {workdir}")
+    else:
+      state = create_state(cfg, tx, jax.random.PRNGKey(t.seed), mesh)
+      if config.model.init_from:
+        state = _init_from_pretrained(state, config, cfg, tx, shardings)
+    if is_main:
+      _record_run(workdir, config)
 
-  train_step = make_train_step(cfg, tx, schedule, mode, mesh)
-  data_sharding = sharding.batch_sharding(mesh)
-  eval_batches = None
-  step = int(jax.device_get(state.step))
-  stop_at = t.num_steps if t.stop_after_steps is None else t.stop_after_steps
-  tokens_per_step = t.batch_size * t.seq_len
-  step_flops = _step_flops(cfg, t, mode)
-  bar = Progress(t.num_steps, step, enabled=progress and is_main)
-  window, last = [], {}
-  window_start = time.perf_counter()
-  saved_step = latest
+    train_step = make_train_step(cfg, tx, schedule, mode, mesh)
+    data_sharding = sharding.batch_sharding(mesh)
+    eval_batches = None
+    step = int(jax.device_get(state.step))
+    stop_at = t.num_steps if t.stop_after_steps is None else t.stop_after_steps
+    tokens_per_step = t.batch_size * t.seq_len
+    step_flops = _step_flops(cfg, t, mode)
+    bar = cleanup.enter_context(contextlib.closing(
+        Progress(t.num_steps, step, enabled=progress and is_main)))
+    window, last = [], {}
+    window_start = time.perf_counter()
+    saved_step = latest
 
-  def save(step):
-    nonlocal saved_step
-    _check_finite(state, ckpt)
-    ckpt.save(step, state, data_iter, config.to_dict(), cfg)
-    saved_step = step
+    def save(step):
+      nonlocal saved_step
+      _check_finite(state, ckpt)
+      ckpt.save(step, state, data_iter, config.to_dict(), cfg)
+      saved_step = step
 
-  try:
     with _StopSignal() as stop:
       while step < stop_at:
         batch = _global_batch(next(data_iter), data_sharding)
@@ -214,8 +218,4 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
           break
       if saved_step != step:
         save(step)
-  finally:
-    bar.close()
-    ckpt.close()
-    writer.close()
-  return last
+    return last
