@@ -9,7 +9,7 @@ setup(
     packages=find_packages(include=["t2mlr_jax", "t2mlr_jax.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "jax>=0.7,<0.11",
+        "jax>=0.7,<0.12",
         "flax>=0.11,<0.13",
         "optax>=0.2.4,<0.3",
         "orbax-checkpoint>=0.11,<0.13",
@@ -28,6 +28,6 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8,<10", "torch==2.13.0", "transformers>=4.57,<6"],
-        "tpu": ["jax[tpu]>=0.7,<0.11"],
+        "tpu": ["jax[tpu]>=0.7,<0.12"],
     },
 )

@@ -7,6 +7,18 @@ bf16 compute with fp32 master weights, at the SmolLM2-135M and -360M shapes.
 
 The CPU is never the default device elsewhere; this script refuses to run on one
 unless --allow-cpu (then at a toy size, to check the script itself).
+
+Run from the source tree (no install), so it works with the jax an accelerator image
+already has (tested here against jax 0.10.2 and 0.11.2); the only package it needs
+beyond jax, flax, optax and chex is ml_collections. On a machine that cannot reach
+PyPI, fetch that wheel elsewhere and carry it along:
+
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+        -d .whl ml_collections==1.1.0                       # where pip works
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 experiments/bench_accel.py
+
+When $OUT is set (a lent device machine) the JSON is copied there too.
 """
 
 from __future__ import annotations
