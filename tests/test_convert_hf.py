@@ -125,6 +125,31 @@ def test_to_hf_roundtrip_and_retrofit(tmp_path):
   assert json.load(open(tmp_path / "export16" / "config.json"))["torch_dtype"] == "bfloat16"
 
 
+def test_to_hf_interrupted_leaves_no_loadable_partial_export(tmp_path, monkeypatch):
+  import safetensors.flax
+
+  model, path = _llama(tmp_path)
+  cfg, params = hf.from_hf(path, recurrence=T2MLRConfig(l_start=1, l_end=1))
+  real_save = safetensors.flax.save_file
+
+  def fail_on_recurrence(tensors, filename):
+    real_save(tensors, filename)           # the bytes land, then the process "dies"
+    if "recurrence" in filename:
+      raise OSError("No space left on device")
+  monkeypatch.setattr(safetensors.flax, "save_file", fail_on_recurrence)
+  out = tmp_path / "export"
+  with pytest.raises(OSError, match="No space"):
+    hf.to_hf(cfg, params, str(out))
+  # no config.json (what from_pretrained / from_hf look for) and no half-named files
+  assert sorted(os.listdir(out)) == [hf.WEIGHTS]
+  monkeypatch.undo()
+  hf.to_hf(cfg, params, str(out))          # a retry completes the directory
+  assert sorted(os.listdir(out)) == sorted(
+      ["config.json", hf.WEIGHTS, hf.RECURRENCE_WEIGHTS, hf.RECURRENCE_CONFIG])
+  cfg2, _ = hf.from_hf(str(out))
+  assert cfg2.recurrence == cfg.recurrence
+
+
 def test_greedy_generation_matches_transformers(tmp_path):
   model, path = _llama(tmp_path)
   cfg, params = hf.from_hf(path)

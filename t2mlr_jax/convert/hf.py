@@ -311,19 +311,44 @@ def _hf_state_dict(cfg: ModelConfig, params) -> dict:
   return sd
 
 
+def _write_atomically(path: str, write) -> None:
+  """`write(tmp)` then rename onto `path`: an interrupted export leaves no partial file
+  under a name a loader reads."""
+  import os
+  tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.partial")
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
 def _save_safetensors(tensors: dict, path: str, dtype: str) -> None:
   import jax.numpy as jnp
   from safetensors.flax import save_file
   target = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
-  save_file({k: jnp.asarray(np.ascontiguousarray(v)).astype(target) for k, v in tensors.items()},
-            path)
+  _write_atomically(path, lambda tmp: save_file(
+      {k: jnp.asarray(np.ascontiguousarray(v)).astype(target) for k, v in tensors.items()},
+      tmp))
+
+
+def _save_json(obj, path: str) -> None:
+  import json
+
+  def write(tmp):
+    with open(tmp, "w") as f:
+      json.dump(obj, f, indent=2)
+  _write_atomically(path, write)
 
 
 def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32") -> None:
   """Write an HF directory: config.json + model.safetensors (the base model, loadable by
   `AutoModelForCausalLM.from_pretrained`), and for T2MLR models
-  t2mlr_recurrence.safetensors (RECURRENCE_KEYS layout) + t2mlr_config.json."""
-  import json
+  t2mlr_recurrence.safetensors (RECURRENCE_KEYS layout) + t2mlr_config.json.
+
+  Each file is written under a temporary name and renamed, config.json last: a directory
+  with a config.json holds the whole export."""
   import os
 
   import jax
@@ -333,8 +358,6 @@ def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32") -> Non
   os.makedirs(path, exist_ok=True)
   hf_config = config_to_hf(cfg)
   hf_config["torch_dtype"] = dtype
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(hf_config, f, indent=2)
   _save_safetensors(_hf_state_dict(cfg, params), os.path.join(path, WEIGHTS), dtype)
   if cfg.recurrence is not None:
     rec = params["recurrence"]
@@ -349,5 +372,5 @@ def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32") -> Non
       node = np.asarray(node)
       tensors[key] = node.T if where[-1] == "kernel" else node
     _save_safetensors(tensors, os.path.join(path, RECURRENCE_WEIGHTS), "float32")
-    with open(os.path.join(path, RECURRENCE_CONFIG), "w") as f:
-      json.dump(dataclasses.asdict(cfg.recurrence), f, indent=2)
+    _save_json(dataclasses.asdict(cfg.recurrence), os.path.join(path, RECURRENCE_CONFIG))
+  _save_json(hf_config, os.path.join(path, "config.json"))
