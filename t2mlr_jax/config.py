@@ -1,24 +1,36 @@
 """Model configuration: frozen, hashable dataclasses validated on construction.
 
-`ModelConfig` describes the Llama-family backbone; `T2MLRConfig` the temporal
-middle-layer recurrence added to it (SPEC §2). Both are hashable so they can be
-static arguments of `jax.jit`. This module imports nothing else of ours.
+`ModelConfig` describes the backbone (Llama family, with nanochat's options); its
+`recurrence` is one of the recurrence types: `T2MLRConfig` (temporal middle-layer
+recurrence, SPEC §2) or `LRTConfig` (latent recurrent transformer, SPEC §4). All are
+hashable so they can be static arguments of `jax.jit`. `invalid` is the one helper
+every config in the library raises its errors through. This module imports nothing
+else of ours.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional, Union
 
 CACHE_NORMS = ("clipped_rms", "rmsnorm", "none")
 ROPE_SCALING_TYPES = ("llama3",)
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots")
+MLP_TYPES = ("swiglu", "relu2")
+LRT_PROJECTIONS = ("layerwise", "shared")
+LRT_INITS = ("official", "identity")
+FLOAT32_EPS = 1.1920929e-07     # nanochat's RMSNorm epsilon (F.rms_norm with eps=None)
 
 
-def _fail(field: str, value: Any, allowed: str) -> None:
-  raise ValueError(f"{field}={value!r} is invalid: allowed {allowed}")
+def invalid(field: str, value: Any, allowed: str, prefix: str = "") -> None:
+  """Raise the library's one kind of configuration error: the field, its value, what is
+  allowed. `prefix` names where the field lives (e.g. "config field ")."""
+  raise ValueError(f"{prefix}{field}={value!r} is invalid: allowed {allowed}")
+
+
+_fail = invalid
 
 
 class _Replaceable:
@@ -66,6 +78,7 @@ class T2MLRConfig(_Replaceable):
   end as in Python (l_end=-1 is the last layer). They are resolved against the
   number of layers by `ModelConfig`.
   """
+  type: ClassVar[str] = "t2mlr"
   l_start: int = 1
   l_end: int = -2
   d_forward: int = 16          # D_f: total sweeps (sweep 0 + D_f-1 middle sweeps)
@@ -101,6 +114,79 @@ class T2MLRConfig(_Replaceable):
   def gate_bias(self) -> float:
     return math.log(self.gate_init / (1.0 - self.gate_init))
 
+  def to_dict(self) -> dict:
+    return {"type": self.type, **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LRTConfig(_Replaceable):
+  """Latent Recurrent Transformer (SPEC §4): the previous token's normed hidden state
+  m_t fed back into every layer (residual γ_i·m, gated key/value feedback).
+
+  source_layer: -1 = the input of the LM head (the final normed state, as the
+  release); k = the parameter-free-normed output of layer k. `residual`, `key`,
+  `value`, `value_embeds`: which feedback paths exist (the paper's ablations).
+  projection: "layerwise" (W_k, W_v per layer) or "shared" (one pair for all layers).
+  gate_channels: channels of norm(x) the triple gate reads (0 = all d_model).
+  init: "official" (the release's init_weights) or "identity" (γ = 0 and zero
+  feedback weights: a fresh model computes exactly its base transformer).
+  passes: S of interleaved training (positions t ≡ p−1 mod S in pass p).
+  kv_refresh: re-project not-yet-visited positions' feedback between passes.
+  reset_at_segment_start: memory is zero wherever the position id is 0 (packed
+  documents, left padding); False is the release, which zeroes it only at t = 0.
+  """
+  type: ClassVar[str] = "lrt"
+  source_layer: int = -1
+  residual: bool = True
+  key: bool = True
+  value: bool = True
+  value_embeds: bool = True
+  projection: str = "layerwise"
+  gate_channels: int = 32
+  init: str = "official"
+  passes: int = 2
+  kv_refresh: bool = False
+  reset_at_segment_start: bool = True
+
+  def __post_init__(self):
+    if self.projection not in LRT_PROJECTIONS:
+      invalid("recurrence.projection", self.projection, f"one of {LRT_PROJECTIONS}")
+    if self.init not in LRT_INITS:
+      invalid("recurrence.init", self.init, f"one of {LRT_INITS}")
+    if not isinstance(self.passes, int) or self.passes < 1:
+      invalid("recurrence.passes", self.passes, "an integer >= 1 (and <= the sequence length)")
+    if not isinstance(self.gate_channels, int) or self.gate_channels < 0:
+      invalid("recurrence.gate_channels", self.gate_channels, "an integer >= 0 (0 = d_model)")
+    if not (self.residual or self.key or self.value or self.value_embeds):
+      invalid("recurrence.residual/key/value/value_embeds", False,
+              "at least one feedback path on")
+
+  def to_dict(self) -> dict:
+    return {"type": self.type, **dataclasses.asdict(self)}
+
+
+RecurrenceConfig = Union[T2MLRConfig, LRTConfig]
+RECURRENCE_CONFIGS = {c.type: c for c in (T2MLRConfig, LRTConfig)}
+
+
+def recurrence_from_dict(d: dict) -> RecurrenceConfig:
+  """A recurrence config from its dict; `type` defaults to "t2mlr" (exports written
+  before LRT existed carry no tag). An option of another type is named as such."""
+  d = dict(d)
+  kind = d.pop("type", T2MLRConfig.type)
+  if kind not in RECURRENCE_CONFIGS:
+    invalid("recurrence.type", kind, f"one of {sorted(RECURRENCE_CONFIGS)}")
+  cls = RECURRENCE_CONFIGS[kind]
+  names = {f.name for f in dataclasses.fields(cls)}
+  for key in d:
+    if key not in names:
+      owner = [t for t, c in RECURRENCE_CONFIGS.items()
+               if t != kind and key in {f.name for f in dataclasses.fields(c)}]
+      what = f"a {owner[0]} option" if owner else "not an option of any recurrence type"
+      raise ValueError(f"recurrence.{key} is {what}, not one of {kind}'s: allowed fields of "
+                       f"{cls.__name__} are {sorted(names)}")
+  return cls(**d)
+
 
 # Shapes from the models' public config.json files (SPEC §1).
 PRESETS = {
@@ -118,6 +204,25 @@ PRESETS = {
                max_seq_len=1024, rms_norm_eps=1e-5),
 }
 
+# nanochat's backbone (the LRT release's): parameter-free norms, the norm after the
+# embedding, QK-norm, relu² MLP (4x), softcap 15, α/β scalars, "SSSL" windows, untied
+# head, vocabulary rows padded to a multiple of 64.
+NANOCHAT = dict(norm_scale=False, embed_norm=True, qk_norm=True, mlp_type="relu2",
+                logit_softcap=15.0, resid_lambdas=True, x0_lambdas=True, window_pattern="SSSL",
+                tie_embeddings=False, rope_theta=10000.0, rms_norm_eps=FLOAT32_EPS,
+                pad_vocab_to=64)
+
+
+def _nanochat(depth: int) -> dict:
+  """nanochat's depth rule: d_model = 64·depth rounded up to a multiple of head_dim 128,
+  no GQA, vocab 32768, T 2048."""
+  d = -(-64 * depth // 128) * 128
+  return dict(NANOCHAT, n_layers=depth, d_model=d, n_heads=d // 128, n_kv_heads=d // 128,
+              d_ff=4 * d, vocab_size=32768, max_seq_len=2048)
+
+
+PRESETS.update({"nanochat-d12": _nanochat(12), "nanochat-d20": _nanochat(20)})
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(_Replaceable):
@@ -126,6 +231,16 @@ class ModelConfig(_Replaceable):
   rope_theta=None means no positional encoding at all (NoPE). `recurrence=None`
   is the plain transformer. `dtype` is the compute dtype; parameters are fp32
   and the recurrence and cache norm always run in fp32.
+
+  nanochat's options (all off by default; `preset("nanochat-d12")` turns them on):
+  norm_scale=False parameter-free RMSNorms; embed_norm: x0 = norm(embedding);
+  qk_norm: parameter-free RMSNorm of q and k per head after RoPE; mlp_type "relu2":
+  down(relu(up x)²); logit_softcap c: c·tanh(z/c); resid_lambdas / x0_lambdas: x ←
+  α_i·x + β_i·x0 before block i (α init 1, β init 0.1); window_pattern e.g. "SSSL"
+  tiled over layers, S = window_short (default window_long // 2), L = window_long
+  (default max_seq_len), the last layer always L; key s is visible from query t iff
+  0 <= t - s <= W (a window >= the sequence is full attention); pad_vocab_to: the
+  embedding and head carry rows up to a multiple of it (logits keep vocab_size).
   """
   vocab_size: int = 256
   d_model: int = 64
@@ -144,7 +259,18 @@ class ModelConfig(_Replaceable):
   dtype: str = "float32"
   scan_layers: bool = True              # False: unrolled Python loop (tests, compile-time study)
   remat: str = "none"                   # rematerialisation of each block in training
-  recurrence: Optional[T2MLRConfig] = None
+  norm_scale: bool = True               # False: parameter-free RMSNorm everywhere
+  embed_norm: bool = False
+  qk_norm: bool = False
+  mlp_type: str = "swiglu"
+  logit_softcap: Optional[float] = None
+  resid_lambdas: bool = False
+  x0_lambdas: bool = False
+  window_pattern: Optional[str] = None
+  window_short: Optional[int] = None
+  window_long: Optional[int] = None
+  pad_vocab_to: int = 1
+  recurrence: Optional[RecurrenceConfig] = None
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
@@ -171,16 +297,84 @@ class ModelConfig(_Replaceable):
       _fail("dtype", self.dtype, f"one of {DTYPES}")
     if self.remat not in REMAT_POLICIES:
       _fail("remat", self.remat, f"one of {REMAT_POLICIES}")
+    if self.mlp_type not in MLP_TYPES:
+      _fail("mlp_type", self.mlp_type, f"one of {MLP_TYPES}")
+    if self.logit_softcap is not None and not self.logit_softcap > 0:
+      _fail("logit_softcap", self.logit_softcap, "None or a float > 0")
+    if not isinstance(self.pad_vocab_to, int) or self.pad_vocab_to < 1:
+      _fail("pad_vocab_to", self.pad_vocab_to, "an integer >= 1")
+    self._check_windows()
     if isinstance(self.recurrence, dict):
-      object.__setattr__(self, "recurrence", T2MLRConfig(**self.recurrence))
-    if self.recurrence is not None:
+      object.__setattr__(self, "recurrence", recurrence_from_dict(self.recurrence))
+    if isinstance(self.recurrence, T2MLRConfig):
       self.recurrent_block  # validates the layer range
+    elif isinstance(self.recurrence, LRTConfig):
+      self.lrt_source_layer  # validates the source layer
+    elif self.recurrence is not None:
+      _fail("recurrence", self.recurrence, "None, a T2MLRConfig or an LRTConfig")
+
+  def _check_windows(self):
+    if self.window_pattern is None:
+      for name in ("window_short", "window_long"):
+        if getattr(self, name) is not None:
+          _fail(name, getattr(self, name), "None when window_pattern is None")
+      return
+    pat = self.window_pattern
+    if not isinstance(pat, str) or not pat or set(pat.upper()) - {"S", "L"}:
+      _fail("window_pattern", pat, "None or a non-empty string of 'S' and 'L', e.g. 'SSSL'")
+    for name in ("window_long", "window_short"):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, int) or not 1 <= value <= self.max_seq_len):
+        _fail(name, value, f"None or an integer in [1, max_seq_len={self.max_seq_len}]")
+
+  @property
+  def layer_windows(self) -> Optional[tuple]:
+    """Per-layer attention window W (key s visible from t iff t - s <= W); None when no
+    layer is windowed. A window >= max_seq_len is full attention."""
+    if self.window_pattern is None:
+      return None
+    long = self.window_long if self.window_long is not None else self.max_seq_len
+    short = self.window_short if self.window_short is not None else long // 2
+    pat = self.window_pattern.upper()
+    wins = [long if pat[i % len(pat)] == "L" else short for i in range(self.n_layers)]
+    wins[-1] = long
+    return tuple(wins)
+
+  @property
+  def padded_vocab(self) -> int:
+    """Rows of the embedding and the LM head: vocab_size rounded up to pad_vocab_to."""
+    m = self.pad_vocab_to
+    return -(-self.vocab_size // m) * m
+
+  @property
+  def lrt_source_layer(self) -> int:
+    """The LRT memory's source layer as a non-negative index (n_layers-1 for -1: the
+    final normed state)."""
+    rec, L = self.recurrence, self.n_layers
+    if not isinstance(rec, LRTConfig):
+      raise ValueError("recurrence is not an LRTConfig")
+    if not -L <= rec.source_layer < L:
+      _fail("recurrence.source_layer", rec.source_layer,
+            f"-1 (the LM head's input) or a layer index in [{-L}, {L - 1}] for n_layers={L}")
+    if rec.gate_channels > self.d_model:
+      _fail("recurrence.gate_channels", rec.gate_channels, f"0..d_model={self.d_model}")
+    return rec.source_layer % L
+
+  def to_dict(self) -> dict:
+    d = dataclasses.asdict(self)
+    if self.recurrence is not None:
+      d["recurrence"] = self.recurrence.to_dict()
+    return d
 
   @property
   def recurrent_block(self) -> tuple[int, int]:
-    """(l_start, l_end) resolved to non-negative indices, both inclusive."""
+    """(first, last) layer of the recurrent span, resolved to non-negative indices, both
+    inclusive: the layers that exact mode runs token by token. T2MLR: l_start..l_end.
+    LRT: 0..source layer (memory enters every layer; the span ends where it is read)."""
     rec = self.recurrence
-    if rec is None:
+    if isinstance(rec, LRTConfig):
+      return 0, self.lrt_source_layer
+    if not isinstance(rec, T2MLRConfig):
       raise ValueError("recurrence is None: this model has no recurrent block")
     L = self.n_layers
     for name in ("l_start", "l_end"):
@@ -215,10 +409,20 @@ class ModelConfig(_Replaceable):
     D, F, Hd = self.d_model, self.d_ff, self.head_dim
     q, kv = self.n_heads * Hd, self.n_kv_heads * Hd
     attn = D * q + 2 * D * kv + q * D + (q + 2 * kv if self.qkv_bias else 0)
-    per_layer = attn + 3 * D * F + 2 * D
-    total = self.vocab_size * D + self.n_layers * per_layer + D
+    norms = 2 * D if self.norm_scale else 0
+    mlp = (3 if self.mlp_type == "swiglu" else 2) * D * F
+    per_layer = attn + mlp + norms + int(self.resid_lambdas) + int(self.x0_lambdas)
+    V = self.padded_vocab
+    total = V * D + self.n_layers * per_layer + (D if self.norm_scale else 0)
     if not self.tie_embeddings:
-      total += D * self.vocab_size
-    if self.recurrence is not None:
-      total += 5 * D * D + 2 * D + 2 + (D if self.recurrence.cache_norm == "rmsnorm" else 0)
+      total += D * V
+    rec = self.recurrence
+    if isinstance(rec, T2MLRConfig):
+      total += 5 * D * D + 2 * D + 2 + (D if rec.cache_norm == "rmsnorm" else 0)
+    elif isinstance(rec, LRTConfig):
+      C = rec.gate_channels or D
+      proj = D * kv * (int(rec.key) + int(rec.value))
+      total += self.n_layers * (int(rec.residual) + C * 3 * self.n_kv_heads
+                                + (V * kv if rec.value_embeds else 0))
+      total += proj * (self.n_layers if rec.projection == "layerwise" else 1)
     return total

@@ -14,21 +14,9 @@ from t2mlr_jax.losses import cross_entropy, next_token_labels
 
 
 
-def _find_golden():
-  """$T2MLR_GOLDEN_DIR, else a `shared/golden` beside the checkout or one level up."""
-  if os.environ.get("T2MLR_GOLDEN_DIR"):
-    return os.environ["T2MLR_GOLDEN_DIR"]
-  here = os.path.dirname(os.path.abspath(__file__))
-  for up in ("..", os.path.join("..", ".."), os.path.join("..", "..", "..")):
-    cand = os.path.normpath(os.path.join(here, up, "shared", "golden"))
-    if os.path.isdir(cand):
-      return cand
-  return os.path.normpath(os.path.join(here, "..", "..", "shared", "golden"))
-
-
-GOLDEN = _find_golden()
+GOLDEN = os.environ.get("T2MLR_GOLDEN_DIR") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "golden")
 NPZ = os.path.join(GOLDEN, "t2mlr_official_small.npz")
-pytestmark = pytest.mark.skipif(not os.path.exists(NPZ), reason=f"golden outputs not found at {GOLDEN}")
 TOL = 1e-5
 
 

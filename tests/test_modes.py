@@ -178,7 +178,7 @@ def test_bf16_compute_keeps_fp32_params_and_recurrence():
     out = forward(params, bf16, tokens, mode=mode, **kw)
     assert out.dtype == jnp.float32 and np.isfinite(np.asarray(out)).all()
     assert max_abs(out, ref) < 0.1          # bf16 activations, fp32 recurrence
-  from t2mlr_jax.model import recurrence as rec
+  from t2mlr_jax.model.recurrence import t2mlr as rec
   h = jnp.ones((1, 2, cfg.d_model), jnp.bfloat16)
   z = rec.write(params["recurrence"], bf16, h, jnp.zeros((1, 2, cfg.d_model)), jnp.array([[2, 2]]))
   assert z.dtype == jnp.float32

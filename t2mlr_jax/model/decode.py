@@ -1,7 +1,8 @@
 """Decoding: exact prefill, then one token per step with a preallocated KV cache.
 
 The decode state is a pytree: per-layer KV caches, the one H-vector of
-recurrent state per sequence, which cache slots hold real tokens, the next slot
+recurrent state per sequence (T2MLR's cache R, LRT's memory m: whatever the
+recurrence type carries, `recurrence/__init__.py`), which cache slots hold real tokens, the next slot
 and each row's next position id. Prompts are left-padded (real tokens
 right-aligned, as Hugging Face does with padding_side="left"), so every row
 writes the same cache slot at every step. Generation runs under one jit as a
@@ -17,13 +18,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.model import recurrence as rec
+from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.layers import KV, attention_mask, rope_tables, to_cache
-from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, jacobi_prefill, parallel
+from t2mlr_jax.model.modes import (SeqInputs, check_tokens, exact, jacobi_prefill, parallel,
+                                   side_inputs)
+from t2mlr_jax.model.recurrence import t2mlr as rec
+from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers, split_layers
 
 PREFILLS = ("exact", "jacobi")
-from t2mlr_jax.model.transformer import embed, head, run_cached, split_layers
 
 
 class DecodeState(NamedTuple):
@@ -39,9 +42,9 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
   """Run the prompt; returns (last-position logits [B,V], DecodeState).
 
   method "exact": token by token through the recurrent block (the default);
-  "jacobi": parallel Jacobi sweeps until max|ΔR| < tol, capped at T sweeps (exact
-  by construction when tol is None). With a non-recurrent prompt (all cf <= 1,
-  known statically) both are the parallel pass plus the raw cache of the last position.
+  "jacobi" (T2MLR): parallel Jacobi sweeps until max|ΔR| < tol, capped at T sweeps
+  (exact by construction when tol is None). With a non-recurrent prompt (all cf <= 1,
+  known statically) both are the parallel pass plus the state the last position leaves.
   """
   B, T = tokens_BT.shape
   if cfg.recurrence is not None and recurrent_prompt:
@@ -52,8 +55,8 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
     R = rec.zero_state(cfg, B)
     if cfg.recurrence is not None:
       last_cf = inp.control_flow[:, -1:]
-      R = rec.write(params["recurrence"], cfg, outs["middle"][:, -1:], R[:, None],
-                    last_cf)[:, 0]
+      R = recurrence.of(cfg).carry(params, cfg, outs["middle"][:, -1:], R[:, None],
+                                   last_cf)[:, 0]
   per_layer = tuple(to_cache(KV(kvs[name].k[i], kvs[name].v[i]), cache_len)
                     for name, lo, hi in cfg.segments for i in range(hi - lo))
   valid = jnp.pad(inp.control_flow != rec.CF_PAD, ((0, 0), (0, cache_len - T)))
@@ -75,15 +78,22 @@ def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B, layers=No
   pos = state.positions[:, None]
   rope = rope_tables(cfg, pos)
   cf = jnp.full((B, 1), rec.CF_RECURRENT, jnp.int32)
-  x, R, kv = embed(params, cfg, token_B[:, None]), state.R, []
+  tok = token_B[:, None]
+  x, R, kv = embed(params, cfg, tok), state.R, []
+  x0, mem = x, None
+  dist = (idx - jnp.arange(state.valid.shape[1]))[None, None]
   for name, lo, hi in cfg.segments:
     if name == "middle":
-      R_read = jnp.where((pos == 0)[..., None], 0.0, R[:, None])
-      x, _ = rec.inject(params["recurrence"], cfg, x, R_read, cf)
-    x, caches = run_cached(layers[lo:hi], cfg, x, rope, mask, state.kv[lo:hi], idx)
+      kind = recurrence.of(cfg)
+      R_read = kind.read(cfg, R[:, None], pos, jnp.broadcast_to(idx, pos.shape))
+      x, _ = kind.enter(params, cfg, x, R_read, cf)
+      mem = kind.memory(cfg, R_read, cf)
+    side = side_inputs(params, cfg, x0, tok, dist, mem)
+    x, caches = run_layers(layers[lo:hi], cfg, x, LayerCtx(rope, mask, side), lo,
+                           state.kv[lo:hi], idx)
     kv.extend(caches)
     if name == "middle":
-      R = rec.write(params["recurrence"], cfg, x, R_read, cf)[:, 0]
+      R = kind.carry(params, cfg, x, R_read, cf)[:, 0]
   logits = head(params, cfg, x)[:, 0]
   return logits, DecodeState(tuple(kv), R, valid, idx + 1, state.positions + 1)
 
@@ -174,6 +184,10 @@ def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
   """
   if prefill not in PREFILLS:
     raise ValueError(f"prefill={prefill!r} is invalid: allowed one of {PREFILLS}")
+  if prefill == "jacobi" and cfg.recurrence is not None and not isinstance(
+      cfg.recurrence, T2MLRConfig):
+    raise ValueError(f"prefill='jacobi' is invalid for a {cfg.recurrence.type} model: "
+                     "allowed 'exact' (Jacobi sweeps are T2MLR's)")
   if prefill_tol is not None and not prefill_tol > 0:
     raise ValueError(f"prefill_tol={prefill_tol!r} is invalid: allowed None or > 0")
   check_tokens(cfg, prompt_tokens, "prompt_tokens")

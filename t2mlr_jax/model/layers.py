@@ -1,10 +1,13 @@
-"""Backbone building blocks: RMSNorm, RoPE, grouped-query attention, SwiGLU, Block.
+"""Backbone building blocks: RMSNorm, RoPE, grouped-query attention, SwiGLU / relu², Block.
 
 One `Block` serves every execution mode. Attention always reads its keys from an
-explicit key/value array: the block's own fresh keys for a full sequence, or a
-preallocated cache the new keys are written into at `index` (token-by-token).
+explicit key/value array: the block's own fresh keys for a full sequence, a
+preallocated cache the new keys are written into at `index` (token-by-token), or
+a full-length buffer whose rows `index` are overwritten (LRT's interleaved passes).
 Which keys a query may see is a boolean mask built once per forward
-(`attention_mask`) and shared by all layers.
+(`attention_mask`) and shared by all layers; a windowed layer narrows it with the
+query-key distances in `LayerSide.dist`. Memory that a recurrence feeds into every
+layer (LRT) arrives through `LayerSide` and the recurrence's per-layer module.
 """
 
 from __future__ import annotations
@@ -31,17 +34,36 @@ def dense_init(cfg: ModelConfig):
   return nn.initializers.normal(stddev=cfg.init_std)
 
 
+def rms_normalize(x, eps: float):
+  """x / sqrt(mean(x²) + eps) over the last axis, in fp32: the parameter-free norm."""
+  x32 = x.astype(jnp.float32)
+  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
 class RMSNorm(nn.Module):
-  """x / rms(x) * scale, computed in fp32 (Llama convention)."""
+  """x / rms(x) * scale, computed in fp32 (Llama convention); no scale (nanochat's
+  parameter-free norm) when use_scale is False."""
   eps: float = 1e-5
   dtype: jnp.dtype = jnp.float32
+  use_scale: bool = True
 
   @nn.compact
   def __call__(self, x):
+    y = rms_normalize(x, self.eps)
+    if not self.use_scale:
+      return y.astype(self.dtype)
     scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return (scale * y.astype(self.dtype)).astype(self.dtype)
+
+
+def norm(cfg: ModelConfig, name: str):
+  return RMSNorm(cfg.rms_norm_eps, compute_dtype(cfg), cfg.norm_scale, name=name)
+
+
+def final_norm(params, cfg: ModelConfig, x_BTD):
+  """The norm before the LM head (its input is what LRT's memory reads by default)."""
+  return RMSNorm(cfg.rms_norm_eps, compute_dtype(cfg), cfg.norm_scale).apply(
+      {"params": params.get("final_norm", {})}, x_BTD)
 
 
 # ----------------------------------------------------------------------------- RoPE
@@ -191,11 +213,13 @@ class KV(NamedTuple):
 
 
 class Attention(nn.Module):
-  """Causal grouped-query self-attention with RoPE (or NoPE) and optional q/k/v bias."""
+  """Causal grouped-query self-attention with RoPE (or NoPE), optional q/k/v bias and
+  QK-norm. `mix(k, v) -> (k, v, extra)`, when given, rewrites this layer's keys and values
+  before RoPE (LRT's gated feedback); `extra` is returned beside the keys/values."""
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None):
+  def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None, mix=None):
     cfg = self.cfg
     dt = compute_dtype(cfg)
     N, Nk, K = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -206,10 +230,21 @@ class Attention(nn.Module):
     q = dense(N * K, "q", cfg.qkv_bias)(x_BTD).reshape(B, T, N, K)
     k = dense(Nk * K, "k", cfg.qkv_bias)(x_BTD).reshape(B, T, Nk, K)
     v = dense(Nk * K, "v", cfg.qkv_bias)(x_BTD).reshape(B, T, Nk, K)
+    extra = None
+    if mix is not None:
+      k, v, extra = mix(k, v)
     q, k = apply_rope(q, rope), apply_rope(k, rope)
+    if cfg.qk_norm:
+      q = rms_normalize(q, cfg.rms_norm_eps).astype(q.dtype)
+      k = rms_normalize(k, cfg.rms_norm_eps).astype(k.dtype)
     if kv is None:          # a full sequence: its own keys, mask [B, T, T]
       chex.assert_shape(mask_BTS, (B, T, T))
       out = attend(q, k, v, mask_BTS)
+    elif kv.k.ndim == 4:    # rows `index` of a full-length buffer [B, S, N_kv, K] rewritten
+      kv = KV(kv.k.at[:, index].set(k.astype(kv.k.dtype)),
+              kv.v.at[:, index].set(v.astype(kv.v.dtype)))
+      chex.assert_shape(mask_BTS, (B, T, kv.k.shape[1]))
+      out = attend(q, kv.k.astype(dt), kv.v.astype(dt), mask_BTS)
     else:                   # one new token: written into the cache first, then attends over it
       if T != 1:
         raise ValueError(f"attention over a cache takes one token per step, got T={T}")
@@ -225,7 +260,8 @@ class Attention(nn.Module):
     out = out.reshape(B, T, N * K)
     y = nn.Dense(cfg.d_model, use_bias=False, dtype=dt, param_dtype=jnp.float32,
                  kernel_init=dense_init(cfg), name="o")(out)
-    return y, (KV(k, v) if kv is None else kv)
+    kv_out = KV(k, v) if kv is None else kv
+    return y, (kv_out if extra is None else (kv_out, extra))
 
 
 @jax.custom_vjp
@@ -274,7 +310,8 @@ class _Kernel(nn.Module):
 
 
 class MLP(nn.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x)); parameters as three nn.Dense kernels."""
+  """SwiGLU: down(silu(gate(x)) * up(x)), or relu²: down(relu(up(x))²) (nanochat);
+  parameters as nn.Dense kernels."""
   cfg: ModelConfig
 
   @nn.compact
@@ -283,22 +320,60 @@ class MLP(nn.Module):
     dt = compute_dtype(cfg)
     D, F = cfg.d_model, cfg.d_ff
     kernel = lambda shape, name: _Kernel(shape, dense_init(cfg), name=name)().astype(dt)
+    if cfg.mlp_type == "relu2":
+      w_up, w_down = kernel((D, F), "up"), kernel((F, D), "down")
+      return jnp.square(jax.nn.relu(x_BTD.astype(dt) @ w_up)) @ w_down
     w_gate, w_up = kernel((D, F), "gate"), kernel((D, F), "up")
     w_down = kernel((F, D), "down")
     return swiglu(x_BTD.astype(dt), w_gate, w_up, w_down)
 
 
+class LayerSide(NamedTuple):
+  """What a layer reads besides x, shared by all layers of one call (None: unused).
+
+  x0: the normed embedding (β_i·x0, `x0_lambdas`); memory [B, T, D] fp32: the
+  recurrence's memory entering every layer (LRT); tokens [B, T]: ids for value
+  embeddings; shared: the recurrence's parameters shared by all layers; dist [B, T, S]:
+  query-key slot distances for windowed layers; keep: (static) also return the
+  recurrence's per-layer extras (LRT's K/V refresh)."""
+  x0: Optional[jnp.ndarray] = None
+  memory: Optional[jnp.ndarray] = None
+  tokens: Optional[jnp.ndarray] = None
+  shared: Optional[dict] = None
+  dist: Optional[jnp.ndarray] = None
+  keep: bool = False
+
+
 class Block(nn.Module):
   """Pre-norm decoder block; returns (x_out, KV): the sequence's own keys/values, or
-  with a cache, the cache with this token's keys written at `index`."""
+  with a cache, the cache with this token's keys written at `index`.
+
+  `window`: this layer's attention window (None: full). With `side.memory` the
+  recurrence's per-layer module (`recurrence.layer_module`) adds its memory paths."""
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None):
+  def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None,
+               side: Optional[LayerSide] = None, window=None):
     cfg = self.cfg
     dt = compute_dtype(cfg)
-    h = RMSNorm(cfg.rms_norm_eps, dt, name="attn_norm")(x_BTD)
-    a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index)
-    x = x_BTD + a
-    h = RMSNorm(cfg.rms_norm_eps, dt, name="mlp_norm")(x)
+    x = x_BTD
+    if cfg.resid_lambdas:
+      x = self.param("resid_lambda", nn.initializers.ones, (), jnp.float32).astype(dt) * x
+    if cfg.x0_lambdas:
+      beta = self.param("x0_lambda", nn.initializers.constant(0.1), (), jnp.float32)
+      x = x + beta.astype(dt) * side.x0
+    if window is not None:
+      mask_BTS = mask_BTS & (side.dist <= window)
+    mix = None
+    if side is not None and side.memory is not None:
+      from t2mlr_jax.model.recurrence import layer_module
+      memory = layer_module(cfg)(cfg, name="memory")
+      x = memory.inject(x, side.memory)
+    h = norm(cfg, "attn_norm")(x)
+    if side is not None and side.memory is not None:
+      mix = memory.mixer(h, side)
+    a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index, mix)
+    x = x + a
+    h = norm(cfg, "mlp_norm")(x)
     return x + MLP(cfg, name="mlp")(h), kv_out

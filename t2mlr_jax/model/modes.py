@@ -1,13 +1,16 @@
-"""One parameter set, several ways to run it (SPEC §3, §10).
+"""One parameter set, several ways to run it (SPEC §3, §4, §10).
 
-- `parallel`: the plain transformer, recurrence off.
-- `exact`:    the true recurrence. Layers below l_start and above l_end run in
-              parallel over the sequence; only the recurrent block runs token
-              by token (`lax.scan` over time with its KV cache).
-- `jacobi`:   training. Sweep 0 and the no-gradient sweeps inside a
-              `fori_loop` (or a tolerance-stopped `while_loop`) on
-              stop-gradient inputs and parameters; the last D_b sweeps with
-              gradient; then the final pass.
+- `parallel`:    every position at once with no memory (T2MLR: the plain transformer;
+                 LRT: the release's full pass, m = 0).
+- `exact`:       the true recurrence, for every recurrence type through the interface
+                 of `recurrence/__init__.py`. Layers below the recurrent span and
+                 above it run in parallel over the sequence; only the span runs token
+                 by token (`lax.scan` over time with its KV cache).
+- `jacobi`:      T2MLR's training schedule. Sweep 0 and the no-gradient sweeps inside
+                 a `fori_loop` (or a tolerance-stopped `while_loop`) on stop-gradient
+                 inputs and parameters; the last D_b sweeps with gradient; then the
+                 final pass.
+- `interleaved`: LRT's training schedule (`interleaved.py`).
 The decode mode (prefill + one token per step) lives in `decode.py`.
 """
 
@@ -21,13 +24,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.model import recurrence as rec
-from t2mlr_jax.model.layers import KV, Rope, attention_mask, from_cache, rope_tables, to_cache
+from t2mlr_jax.config import LRTConfig, ModelConfig, T2MLRConfig
+from t2mlr_jax.model import recurrence
 from t2mlr_jax.model import transformer
-from t2mlr_jax.model.transformer import embed, head
+from t2mlr_jax.model.layers import (KV, LayerSide, Rope, attention_mask, from_cache,
+                                    rope_tables, to_cache)
+from t2mlr_jax.model.recurrence import t2mlr as rec
+from t2mlr_jax.model.transformer import LayerCtx, embed, head
 
-MODES = ("parallel", "exact", "jacobi")
+MODES = ("parallel", "exact", "jacobi", "interleaved")
+TRAINING_MODES = {T2MLRConfig: "jacobi", LRTConfig: "interleaved"}
 
 
 class SeqInputs(NamedTuple):
@@ -46,34 +52,60 @@ def positions_from_segments(segment_ids_BT):
   return t - jax.lax.cummax(jnp.where(start, t, 0), axis=1)
 
 
-def _context(cfg: ModelConfig, inp: SeqInputs, T: int):
-  """RoPE tables and the [B,T,T] attention mask shared by every layer."""
-  B = inp.control_flow.shape[0]
+def uses_memory(cfg: ModelConfig) -> bool:
+  """Whether the recurrence feeds memory into the layers themselves (LRT)."""
+  return cfg.recurrence is not None and recurrence.layer_module(cfg) is not None
+
+
+def side_inputs(params, cfg: ModelConfig, x0, tokens, dist, memory=None) -> Optional[LayerSide]:
+  """The LayerSide this config's layers read (None when they read nothing but x)."""
+  mem = uses_memory(cfg)
+  if not (cfg.x0_lambdas or mem or cfg.layer_windows is not None):
+    return None
+  return LayerSide(x0=x0 if cfg.x0_lambdas else None, memory=memory if mem else None,
+                   tokens=tokens if mem else None,
+                   shared=params.get("recurrence") if mem else None,
+                   dist=dist if cfg.layer_windows is not None else None)
+
+
+def _context(params, cfg: ModelConfig, inp: SeqInputs, tokens_BT, x0_BTD) -> LayerCtx:
+  """RoPE tables, the [B,T,T] attention mask and the side inputs shared by every layer
+  (LRT's memory: zero, the parallel full pass)."""
+  B, T = tokens_BT.shape
   q_slot = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
   mask = attention_mask(q_slot, inp.control_flow != rec.CF_PAD,
                         inp.segment_ids, inp.segment_ids)
-  return rope_tables(cfg, inp.positions), mask
+  dist = jnp.arange(T)[:, None] - jnp.arange(T)[None, :]
+  zero = jnp.zeros((B, T, cfg.d_model), jnp.float32) if uses_memory(cfg) else None
+  side = side_inputs(params, cfg, x0_BTD, tokens_BT, dist[None], zero)
+  return LayerCtx(rope_tables(cfg, inp.positions), mask, side)
 
 
 def _segments(params, cfg, unrolled=()) -> dict:
-  """{name: layers} over cfg.segments: stacked trees, or per-layer tuples for the names
-  in `unrolled` (`transformer.split_segments`)."""
+  """{name: (first layer, layers)} over cfg.segments: stacked trees, or per-layer tuples
+  for the names in `unrolled` (`transformer.split_segments`)."""
   parts = tuple((lo, hi, name in unrolled) for name, lo, hi in cfg.segments)
   segs = transformer.split_segments(params["layers"], parts)
-  return {name: seg for (name, _, _), seg in zip(cfg.segments, segs)}
+  return {name: (lo, seg) for (name, lo, _), seg in zip(cfg.segments, segs)}
 
 
-def _layers(p, cfg, x, rope, mask):
-  """Layers over the whole sequence: a stacked tree (scanned) or a per-layer tuple."""
-  if isinstance(p, tuple):
-    return transformer.run_unrolled(p, cfg, x, rope, mask)
-  return transformer.run_segment(p, cfg, x, rope, mask)
+def _layers(seg, cfg, x, ctx: LayerCtx):
+  """A segment (first layer, layers) over the whole sequence."""
+  first, layers = seg
+  return transformer.run_layers(layers, cfg, x, ctx, first)
 
 
-def _run(segs, cfg, name, x, rope, mask):
+def _run(segs, cfg, name, x, ctx: LayerCtx):
   """Run one named segment in parallel over the sequence; identity if it is empty."""
-  p = segs.get(name)
-  return (x, None) if p is None else _layers(p, cfg, x, rope, mask)
+  seg = segs.get(name)
+  return (x, None) if seg is None else _layers(seg, cfg, x, ctx)
+
+
+def stacked(kvs):
+  """Per-layer keys/values as one stacked pytree (unrolled runs return a tuple)."""
+  if isinstance(kvs, tuple) and kvs and not isinstance(kvs, KV):
+    return jax.tree.map(lambda *a: jnp.stack(a), *kvs)
+  return kvs
 
 
 # ---------------------------------------------------------------------- parallel
@@ -85,14 +117,13 @@ def _logits(params, cfg: ModelConfig, y_BTD, last_only: bool):
 
 
 def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False):
-  """Plain transformer logits; also the per-segment KVs and outputs (for prefill).
-  `last_only`: logits of the last position only (what prefill needs)."""
-  T = tokens_BT.shape[1]
-  rope, mask = _context(cfg, inp, T)
+  """Every position at once with no memory; also the per-segment KVs and outputs (for
+  prefill). `last_only`: logits of the last position only (what prefill needs)."""
   x = embed(params, cfg, tokens_BT)
+  ctx = _context(params, cfg, inp, tokens_BT, x)
   segs, kvs, outs = _segments(params, cfg), {}, {}
   for name, _, _ in cfg.segments:
-    x, kvs[name] = _run(segs, cfg, name, x, rope, mask)
+    x, kvs[name] = _run(segs, cfg, name, x, ctx)
     outs[name] = x
   return _logits(params, cfg, x, last_only), kvs, outs
 
@@ -101,38 +132,48 @@ def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: boo
 
 
 def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False):
-  """The true recurrence. Returns (logits, aux, (kvs, R_final))."""
+  """The true recurrence. Returns (logits, aux, (kvs, state after the last token))."""
   B, T = tokens_BT.shape
-  rope, mask = _context(cfg, inp, T)
+  kind = recurrence.of(cfg)
+  x0 = embed(params, cfg, tokens_BT)
+  ctx = _context(params, cfg, inp, tokens_BT, x0)
+  rope, mask = ctx.rope, ctx.mask
   cf, pos = inp.control_flow, inp.positions
   segs = _segments(params, cfg, unrolled=("middle",))
-  h_lo, kv_lo = _run(segs, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
-  p_rec = params["recurrence"]
-  layers = jax.lax.optimization_barrier(segs["middle"])     # no weight slicing per token
+  h_lo, kv_lo = _run(segs, cfg, "lower", x0, ctx)
+  first, layers = segs["middle"]
+  layers = jax.lax.optimization_barrier(layers)     # no weight slicing per token
   empty = jnp.zeros((B, 0, cfg.n_kv_heads, cfg.head_dim), h_lo.dtype)
   caches = tuple(to_cache(KV(empty, empty), T) for _ in layers)
+  dist = jnp.arange(T)
 
   def step(carry, xs):
-    R_BD, caches = carry
-    h_B1D, cf_B1, pos_B1, rope_t, mask_B1S, t = xs
-    R_read = jnp.where((pos_B1 == 0)[..., None], 0.0, R_BD[:, None, :])
-    x, gates = rec.inject(p_rec, cfg, h_B1D, R_read, cf_B1)
-    o, caches = transformer.run_cached(layers, cfg, x, rope_t, mask_B1S, caches, t)
-    R_new = rec.write(p_rec, cfg, o, R_read, cf_B1)[:, 0]
-    return (R_new, caches), (o[:, 0], gates)
+    S_BD, caches = carry
+    h_B1D, cf_B1, pos_B1, rope_t, mask_B1S, t, x0_B1D, tok_B1 = xs
+    S_read = kind.read(cfg, S_BD[:, None, :], pos_B1, jnp.broadcast_to(t, pos_B1.shape))
+    x, stats = kind.enter(params, cfg, h_B1D, S_read, cf_B1)
+    mem = kind.memory(cfg, S_read, cf_B1)
+    side = side_inputs(params, cfg, x0_B1D, tok_B1, (t - dist)[None, None], mem)
+    o, caches = transformer.run_layers(layers, cfg, x, LayerCtx(rope_t, mask_B1S, side),
+                                       first, caches, t)
+    S_new = kind.carry(params, cfg, o, S_read, cf_B1)[:, 0]
+    return (S_new, caches), (o[:, 0], stats, None if mem is None else mem[:, 0])
 
   time_major = lambda a: None if a is None else jnp.swapaxes(a, 0, 1)[:, :, None]
   rope_t = None if rope is None else Rope(time_major(rope.cos_BTK), time_major(rope.sin_BTK))
   xs = (time_major(h_lo), time_major(cf), time_major(pos), rope_t, time_major(mask),
-        jnp.arange(T))
-  (R_final, caches), (o_TBD, gates) = jax.lax.scan(
-      step, (rec.zero_state(cfg, B), caches), xs)
+        jnp.arange(T), time_major(x0) if cfg.x0_lambdas else None,
+        time_major(tokens_BT) if uses_memory(cfg) else None)
+  (S_final, caches), (o_TBD, stats, mem_TBD) = jax.lax.scan(
+      step, (kind.zero_state(cfg, B), caches), xs)
   kv_mid = jax.tree.map(lambda *a: jnp.stack(a), *(from_cache(c, B) for c in caches))
-  y, kv_up = _run(segs, cfg, "upper", jnp.swapaxes(o_TBD, 0, 1), rope, mask)
-  gates = jax.tree.map(lambda a: jnp.swapaxes(a[:, :, 0], 0, 1), gates)
+  if mem_TBD is not None:
+    ctx = ctx._replace(side=ctx.side._replace(memory=jnp.swapaxes(mem_TBD, 0, 1)))
+  y, kv_up = _run(segs, cfg, "upper", jnp.swapaxes(o_TBD, 0, 1), ctx)
+  stats = jax.tree.map(lambda a: jnp.swapaxes(a[:, :, 0], 0, 1), stats)
   kvs = {"lower": kv_lo, "middle": kv_mid, "upper": kv_up}
   kvs = {k: v for k, v in kvs.items() if v is not None}
-  return _logits(params, cfg, y, last_only), rec.gate_means(gates, cf), (kvs, R_final)
+  return _logits(params, cfg, y, last_only), kind.stats(stats, cf), (kvs, S_final)
 
 
 # ------------------------------------------------------------------------ jacobi
@@ -142,16 +183,16 @@ def _max_abs(a):
   return jnp.max(jnp.abs(a))
 
 
-def _sweep(cfg, p_mid, p_rec, h_lo, R, rope, mask, inp: SeqInputs):
+def _sweep(cfg, first, p_mid, p_rec, h_lo, R, ctx, inp: SeqInputs):
   """One middle pass with the mixer on; returns the next shifted cache."""
   x, _ = rec.inject(p_rec, cfg, h_lo, R, inp.control_flow)
-  o, _ = _layers(p_mid, cfg, x, rope, mask)
+  o, _ = _layers((first, p_mid), cfg, x, ctx)
   return rec.shift_right(rec.write(p_rec, cfg, o, R, inp.control_flow), inp.positions)
 
 
-def _sweep0(cfg, p_mid, h_lo, rope, mask, inp: SeqInputs):
+def _sweep0(cfg, first, p_mid, h_lo, ctx, inp: SeqInputs):
   """Sweep 0: the plain middle block; its raw output, shifted, is the first cache."""
-  c, _ = _layers(p_mid, cfg, h_lo, rope, mask)
+  c, _ = _layers((first, p_mid), cfg, h_lo, ctx)
   c = jnp.where((inp.control_flow == rec.CF_PAD)[..., None], 0.0, c.astype(jnp.float32))
   return rec.shift_right(c, inp.positions)
 
@@ -183,42 +224,46 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
            d_backward: int, tol: Optional[float]):
   """Jacobi fixed-point training forward. Returns (logits, aux)."""
   T = tokens_BT.shape[1]
-  rope, mask = _context(cfg, inp, T)
   sg = jax.lax.stop_gradient
   # Unrolled over per-layer weights, the sweeps do not re-slice them; with a remat policy
   # the scanned block keeps XLA's peak memory 1.4-2x lower (S5 shape, remat="full").
   segs = _segments(params, cfg, unrolled=("middle",) if cfg.remat == "none" else ())
-  h_lo, _ = _run(segs, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
-  p_mid, p_rec = segs["middle"], params["recurrence"]
+  x0 = embed(params, cfg, tokens_BT)
+  ctx = _context(params, cfg, inp, tokens_BT, x0)
+  h_lo, _ = _run(segs, cfg, "lower", x0, ctx)
+  (first, p_mid), p_rec = segs["middle"], params["recurrence"]
+  # the no-gradient sweeps see the side inputs under stop_gradient too
+  ctx_sg = ctx if ctx.side is None else ctx._replace(side=ctx.side._replace(
+      x0=None if ctx.side.x0 is None else sg(ctx.side.x0)))
   n_grad = min(d_backward, d_forward - 1)      # middle sweeps with gradient
   n_free = d_forward - 1 - n_grad              # middle sweeps without
 
   if d_backward == d_forward:                  # every sweep, sweep 0 included, has gradient
-    R = _sweep0(cfg, p_mid, h_lo, rope, mask, inp)
+    R = _sweep0(cfg, first, p_mid, h_lo, ctx, inp)
   else:
-    R = sg(_sweep0(cfg, sg(p_mid), sg(h_lo), rope, mask, inp))
+    R = sg(_sweep0(cfg, first, sg(p_mid), sg(h_lo), ctx_sg, inp))
   delta = _max_abs(R)
 
   # No-gradient sweeps: stop-gradient inputs and parameters keep no activations.
   n_run = jnp.asarray(0, jnp.int32)
   if n_free:
     frozen = (sg(p_mid), sg(p_rec), sg(h_lo))
-    free = lambda R: _sweep(cfg, *frozen, R, rope, mask, inp)
+    free = lambda R: _sweep(cfg, first, *frozen, R, ctx_sg, inp)
     R, delta, n_run = _iterate(free, R, delta, n_free, tol)
     R = sg(R)
 
   # The last D_b sweeps carry gradient.
   if n_grad:
     def gbody(R, _):
-      R_new = _sweep(cfg, p_mid, p_rec, h_lo, R, rope, mask, inp)
+      R_new = _sweep(cfg, first, p_mid, p_rec, h_lo, R, ctx, inp)
       return R_new, _max_abs(R_new - R)
     R, deltas = jax.lax.scan(gbody, R, None, length=n_grad)
     delta = deltas[-1]
 
   # Final pass through the mixed middle block and the layers above.
   x, gates = rec.inject(p_rec, cfg, h_lo, R, inp.control_flow)
-  o, _ = _run(segs, cfg, "middle", x, rope, mask)
-  y, _ = _run(segs, cfg, "upper", o, rope, mask)
+  o, _ = _run(segs, cfg, "middle", x, ctx)
+  y, _ = _run(segs, cfg, "upper", o, ctx)
   aux = {"jacobi_residual": sg(delta),
          "jacobi_sweeps": 1 + n_run + n_grad,
          **jax.tree.map(sg, rec.gate_means(gates, inp.control_flow))}
@@ -231,17 +276,19 @@ def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Opt
   sweeps (exact by construction then). Same outputs as `exact`, plus (sweeps, residual):
   (logits, aux, (kvs, R_final))."""
   T = tokens_BT.shape[1]
-  rope, mask = _context(cfg, inp, T)
   segs = _segments(params, cfg, unrolled=("middle",))
-  h_lo, kv_lo = _run(segs, cfg, "lower", embed(params, cfg, tokens_BT), rope, mask)
-  p_mid, p_rec = segs["middle"], params["recurrence"]
-  R = _sweep0(cfg, p_mid, h_lo, rope, mask, inp)
-  sweep = lambda R: _sweep(cfg, p_mid, p_rec, h_lo, R, rope, mask, inp)
+  x0 = embed(params, cfg, tokens_BT)
+  ctx = _context(params, cfg, inp, tokens_BT, x0)
+  h_lo, kv_lo = _run(segs, cfg, "lower", x0, ctx)
+  (first, p_mid), p_rec = segs["middle"], params["recurrence"]
+  R = _sweep0(cfg, first, p_mid, h_lo, ctx, inp)
+  sweep = lambda R: _sweep(cfg, first, p_mid, p_rec, h_lo, R, ctx, inp)
   R, delta, n_run = _iterate(sweep, R, _max_abs(R), T - 1, tol)
   cf = inp.control_flow
   x, gates = rec.inject(p_rec, cfg, h_lo, R, cf)
-  o, kv_mid = _run(segs, cfg, "middle", x, rope, mask)
-  y, kv_up = _run(segs, cfg, "upper", o, rope, mask)
+  o, kv_mid = _run(segs, cfg, "middle", x, ctx)
+  kv_mid = stacked(kv_mid)
+  y, kv_up = _run(segs, cfg, "upper", o, ctx)
   R_final = rec.write(p_rec, cfg, o[:, -1:], R[:, -1:], cf[:, -1:])[:, 0]
   kvs = {k: v for k, v in (("lower", kv_lo), ("middle", kv_mid), ("upper", kv_up))
          if v is not None}
@@ -301,45 +348,81 @@ def seq_inputs(tokens, control_flow=None, positions=None, segment_ids=None) -> S
                    None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "mode", "d_forward", "d_backward", "tol"))
-def _forward(params, cfg, tokens, inp, mode, d_forward, d_backward, tol):
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "options"))
+def _forward(params, cfg, tokens, inp, mode, options):
   if cfg.recurrence is None or mode == "parallel":
     return parallel(params, cfg, tokens, inp)[0], {}
   if mode == "exact":
     logits, aux, _ = exact(params, cfg, tokens, inp)
     return logits, aux
-  return jacobi(params, cfg, tokens, inp, d_forward, d_backward, tol)
+  if mode == "interleaved":
+    from t2mlr_jax.model.interleaved import interleaved
+    logits, out = interleaved(params, cfg, tokens, inp, *options)
+    return logits, out._asdict()
+  return jacobi(params, cfg, tokens, inp, *options)
 
 
-def forward(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=None,
-            positions=None, segment_ids=None, d_forward: Optional[int] = None,
-            d_backward: Optional[int] = None, return_aux: bool = False):
-  """Logits [B, T, V] (fp32) of `tokens` [B, T] under one execution mode.
-
-  mode: "parallel" (recurrence off), "exact" (token-by-token recurrence) or
-  "jacobi" (training approximation; d_forward/d_backward override the config).
-  control_flow [B,T]: 0 padding, 1 non-recurrent, 2 recurrent (None: all 2).
-  positions [B,T]: RoPE position ids (None: restart at each segment, else arange).
-  segment_ids [B,T]: packed documents; attention and the cache do not cross them.
-  With return_aux, also a dict: jacobi_residual (last sweep's max|R_k - R_{k-1}|),
-  jacobi_sweeps and the mean gates gate_rec/gate_cur (the keys the mode has).
-  A model without recurrence computes the same logits in every mode.
-  """
+def mode_options(cfg: ModelConfig, mode: str, T: int, d_forward=None, d_backward=None,
+                 jacobi_tol=None, passes=None, kv_refresh=None) -> tuple:
+  """Validate `mode` for cfg's recurrence type and resolve its options against the config
+  (explicit arguments win): jacobi -> (D_f, D_b, tol); interleaved -> (S, kv_refresh)."""
+  rcfg = cfg.recurrence
   if mode not in MODES:
     raise ValueError(f"mode={mode!r} is invalid: allowed one of {MODES} "
                      "(use t2mlr_jax.generate for decoding)")
+  jacobi_opts = {"d_forward": d_forward, "d_backward": d_backward, "jacobi_tol": jacobi_tol}
+  lrt_opts = {"passes": passes, "kv_refresh": kv_refresh}
+  if rcfg is None:
+    return ()
+  own = TRAINING_MODES[type(rcfg)]
+  if mode in TRAINING_MODES.values() and mode != own:
+    raise ValueError(f"mode={mode!r} is invalid for a {rcfg.type} model: allowed parallel, "
+                     f"exact or {own!r} ({mode} is the training mode of another recurrence type)")
+  foreign = jacobi_opts if isinstance(rcfg, LRTConfig) else lrt_opts
+  given = sorted(k for k, v in foreign.items() if v is not None)
+  if given:
+    raise ValueError(f"{given[0]} is not an option of a {rcfg.type} model: its training mode "
+                     f"is {own!r}")
+  if mode == "jacobi":
+    kw = {k: v for k, v in jacobi_opts.items() if v is not None}
+    r = rcfg.replace(**kw)
+    return (r.d_forward, r.d_backward, r.jacobi_tol)
+  if mode == "interleaved":
+    r = rcfg.replace(**{k: v for k, v in lrt_opts.items() if v is not None})
+    if r.passes > T:
+      raise ValueError(f"passes={r.passes} is invalid: allowed 1 <= passes <= T={T} "
+                       "(the sequence length)")
+    return (r.passes, bool(r.kv_refresh))
+  return ()
+
+
+def forward(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=None,
+            positions=None, segment_ids=None, return_aux: bool = False, **mode_opts):
+  """Logits [B, T, V] (fp32) of `tokens` [B, T] under one execution mode.
+
+  mode: "parallel" (no memory), "exact" (token-by-token recurrence), or the recurrence
+  type's training mode: "jacobi" (T2MLR; options d_forward, d_backward, jacobi_tol
+  override the config) or "interleaved" (LRT; options passes, kv_refresh).
+  control_flow [B,T]: 0 padding, 1 non-recurrent, 2 recurrent (None: all 2).
+  positions [B,T]: RoPE position ids (None: restart at each segment, else arange).
+  segment_ids [B,T]: packed documents; attention and the memory do not cross them.
+  With return_aux, also a dict: jacobi: jacobi_residual (last sweep's max|R_k - R_{k-1}|),
+  jacobi_sweeps and the mean gates gate_rec/gate_cur; interleaved: pass_logits (pass 0
+  [B,T,V], then pass p's positions t ≡ p−1 mod S) and h_final [B,T,D].
+  A model without recurrence computes the same logits in every mode.
+  """
+  unknown = sorted(set(mode_opts) - {"d_forward", "d_backward", "jacobi_tol", "passes",
+                                     "kv_refresh"})
+  if unknown:
+    raise ValueError(f"forward() got unknown option(s) {unknown}: allowed d_forward, "
+                     "d_backward, jacobi_tol (jacobi), passes, kv_refresh (interleaved)")
   check_tokens(cfg, tokens)
   tokens = jnp.asarray(tokens, jnp.int32)
   _check_side("control_flow", control_flow, tokens.shape, (0, 1, 2))
   _check_side("positions", positions, tokens.shape)
   _check_side("segment_ids", segment_ids, tokens.shape)
-  d_f = d_b = tol = None
-  if mode == "jacobi" and cfg.recurrence is not None:
-    rcfg = cfg.recurrence.replace(
-        d_forward=cfg.recurrence.d_forward if d_forward is None else d_forward,
-        d_backward=cfg.recurrence.d_backward if d_backward is None else d_backward)
-    d_f, d_b, tol = rcfg.d_forward, rcfg.d_backward, rcfg.jacobi_tol
+  options = mode_options(cfg, mode, tokens.shape[1], **mode_opts)
   inp = seq_inputs(tokens, control_flow, positions, segment_ids)
-  logits, aux = _forward(params, cfg, tokens, inp, mode, d_f, d_b, tol)
+  logits, aux = _forward(params, cfg, tokens, inp, mode, options)
   chex.assert_shape(logits, (*tokens.shape, cfg.vocab_size))
   return (logits, aux) if return_aux else logits

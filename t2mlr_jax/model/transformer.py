@@ -1,62 +1,92 @@
-"""The decoder stack: parameters, embedding/head, and segments of the layer stack.
+"""The decoder stack: parameters, embedding/head, and the one way to run layers.
 
 All L layers' parameters live in one stacked tree (leading axis L), so the
-layout does not depend on where the recurrent block sits. A forward pass cuts it
-into contiguous segments (below / inside / above the recurrent block,
-`split_segments`) and runs the outer ones with `lax.scan` over the same `Block`, so
-compile time does not grow with depth. The recurrent block, which loops (Jacobi
-sweeps, tokens), runs unrolled over per-layer weights split once (`run_unrolled`,
-`run_cached`).
+layout does not depend on where the recurrent span sits; a recurrence's per-layer
+parameters (LRT) live inside it too. A forward pass cuts it into contiguous segments
+(below / inside / above the recurrent span, `split_segments`). `run_layers` runs any
+run of layers: a stacked tree with `lax.scan` over the same `Block` (compile time does
+not grow with depth), or a tuple of per-layer trees unrolled (the recurrent span
+inside loops: Jacobi sweeps, tokens, where a scan would re-slice the weights at every
+step); over the sequence's own keys, a decode cache, or a full-length key buffer.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence
-from t2mlr_jax.model.layers import Block, RMSNorm, compute_dtype, rope_tables
+from t2mlr_jax.model.layers import (Block, LayerSide, Rope, compute_dtype, final_norm,
+                                    rms_normalize, rope_tables)
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig, rng) -> dict:
-  """Fresh parameters: N(0, init_std) weights, unit norms, identity recurrence (γ = 0)."""
+  """Fresh parameters: N(0, init_std) weights, unit norms, and the recurrence's own
+  init (T2MLR: identity, γ = 0; LRT: `LRTConfig.init`)."""
   k_embed, k_layers, k_head, k_rec = jax.random.split(rng, 4)
-  D, T0 = cfg.d_model, 1
+  D, T0, V = cfg.d_model, 1, cfg.padded_vocab
   dummy_x = jnp.zeros((1, T0, D), jnp.float32)
   dummy_mask = jnp.ones((1, T0, T0), bool)
   rope = rope_tables(cfg, jnp.zeros((1, T0), jnp.int32))
-  init_block = lambda k: Block(cfg).init(k, dummy_x, rope, dummy_mask)["params"]
+  side = init_side(cfg, dummy_x, jnp.zeros((1, T0), jnp.int32))
+  init_block = lambda k: Block(cfg).init(k, dummy_x, rope, dummy_mask, None, None,
+                                         side)["params"]
   params = {
-      "embed": {"embedding": cfg.init_std * jax.random.normal(
-          k_embed, (cfg.vocab_size, D), jnp.float32)},
+      "embed": {"embedding": cfg.init_std * jax.random.normal(k_embed, (V, D), jnp.float32)},
       "layers": jax.vmap(init_block)(jax.random.split(k_layers, cfg.n_layers)),
-      "final_norm": {"scale": jnp.ones((D,), jnp.float32)},
   }
+  if cfg.norm_scale:
+    params["final_norm"] = {"scale": jnp.ones((D,), jnp.float32)}
   if not cfg.tie_embeddings:
     params["lm_head"] = {"kernel": cfg.init_std * jax.random.normal(
-        k_head, (D, cfg.vocab_size), jnp.float32)}
+        k_head, (D, V), jnp.float32)}
   if cfg.recurrence is not None:
-    params["recurrence"] = recurrence.init_params(cfg, k_rec)
+    rec_params = recurrence.init_params(cfg, k_rec)
+    if rec_params is not None:
+      params["recurrence"] = rec_params
   return params
 
 
+def init_side(cfg: ModelConfig, x_BTD, tokens_BT) -> Optional[LayerSide]:
+  """A LayerSide with every input this config's layers read (for `init_params`)."""
+  uses_memory = recurrence.layer_module(cfg) is not None if cfg.recurrence else False
+  if not (cfg.x0_lambdas or uses_memory):
+    return None
+  return LayerSide(x0=x_BTD, memory=x_BTD if uses_memory else None,
+                   tokens=tokens_BT if uses_memory else None,
+                   shared=None)
+
+
 def embed(params, cfg: ModelConfig, tokens_BT):
-  return params["embed"]["embedding"][tokens_BT].astype(compute_dtype(cfg))
+  """Token embeddings (normed when `embed_norm`): x0 of the stream."""
+  x = params["embed"]["embedding"][tokens_BT]
+  if cfg.embed_norm:
+    x = rms_normalize(x, cfg.rms_norm_eps)
+  return x.astype(compute_dtype(cfg))
 
 
 def head(params, cfg: ModelConfig, x_BTD):
-  """Final RMSNorm and LM head; fp32 logits [B, T, V]."""
+  """Final RMSNorm and LM head; fp32 logits [B, T, V] (padded rows dropped, softcapped
+  when `logit_softcap`)."""
   dt = compute_dtype(cfg)
-  x = RMSNorm(cfg.rms_norm_eps, dt).apply({"params": params["final_norm"]}, x_BTD)
+  x = final_norm(params, cfg, x_BTD)
   if cfg.tie_embeddings:     # contract with the [V, D] table directly: no transposed copy
-    return jnp.einsum("btd,vd->btv", x, params["embed"]["embedding"].astype(dt)
-                      ).astype(jnp.float32)
-  return jnp.einsum("btd,dv->btv", x, params["lm_head"]["kernel"].astype(dt)
-                    ).astype(jnp.float32)
+    logits = jnp.einsum("btd,vd->btv", x, params["embed"]["embedding"].astype(dt)
+                        ).astype(jnp.float32)
+  else:
+    logits = jnp.einsum("btd,dv->btv", x, params["lm_head"]["kernel"].astype(dt)
+                        ).astype(jnp.float32)
+  if cfg.padded_vocab != cfg.vocab_size:
+    logits = logits[..., :cfg.vocab_size]
+  if cfg.logit_softcap is not None:
+    c = cfg.logit_softcap
+    logits = c * jnp.tanh(logits / c)
+  return logits
 
 
 def segment_params(params, lo: int, hi: int):
@@ -72,23 +102,45 @@ def _remat(cfg: ModelConfig, fn):
   return fn
 
 
-def run_segment(layer_params, cfg: ModelConfig, x_BTD, rope, mask_BTS):
-  """Run a stacked slice of layers over a full sequence with `lax.scan`; returns
-  (x, the layers' keys/values [n, B, T, N_kv, K])."""
+class LayerCtx(NamedTuple):
+  """What every layer of one call shares: RoPE tables, the attention mask, side inputs."""
+  rope: Optional[Rope]
+  mask: jnp.ndarray
+  side: Optional[LayerSide] = None
+
+
+def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=None,
+               index=None):
+  """Run layers first, first+1, ... over x; returns (x, per-layer keys/values).
+
+  `layers`: a stacked tree [n, ...] (run with `lax.scan` when cfg.scan_layers; outputs
+  stacked [n, ...]) or a tuple of per-layer trees (`split_segments`, unrolled; outputs a
+  tuple). `kvs`: None (each layer attends over its own keys), per-layer decode caches
+  [B·N_kv, S, K] with `index` the slot to write, or per-layer key buffers [B, S, N_kv, K]
+  with `index` the rows to overwrite; in the same form as `layers`.
+  """
   block = Block(cfg)
 
-  def layer(x, p):
-    return block.apply({"params": p}, x, rope, mask_BTS)
+  def layer(x, p, kv, window):
+    return block.apply({"params": p}, x, ctx.rope, ctx.mask, kv, index, ctx.side, window)
 
   layer = _remat(cfg, layer)
-  n = jax.tree.leaves(layer_params)[0].shape[0]
-  if cfg.scan_layers:
-    return jax.lax.scan(layer, x_BTD, layer_params)
+  unrolled = isinstance(layers, tuple)
+  n = len(layers) if unrolled else jax.tree.leaves(layers)[0].shape[0]
+  wins = None if cfg.layer_windows is None else cfg.layer_windows[first:first + n]
+  if not unrolled and cfg.scan_layers:
+    if wins is not None and len(set(wins)) == 1:
+      w = wins[0]
+      return jax.lax.scan(lambda x, xs: layer(x, xs[0], xs[1], w), x_BTD, (layers, kvs))
+    xs = (layers, kvs, None if wins is None else jnp.asarray(wins, jnp.int32))
+    return jax.lax.scan(lambda x, xs: layer(x, *xs), x_BTD, xs)
   outs = []
   for i in range(n):
-    x_BTD, out = layer(x_BTD, jax.tree.map(lambda a: a[i], layer_params))
+    p = layers[i] if unrolled else jax.tree.map(lambda a: a[i], layers)
+    kv = None if kvs is None else (kvs[i] if unrolled else jax.tree.map(lambda a: a[i], kvs))
+    x_BTD, out = layer(x_BTD, p, kv, None if wins is None else wins[i])
     outs.append(out)
-  return x_BTD, jax.tree.map(lambda *a: jnp.stack(a), *outs)
+  return x_BTD, (tuple(outs) if unrolled else jax.tree.map(lambda *a: jnp.stack(a), *outs))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -123,19 +175,6 @@ def _split_segments_bwd(parts, _, grads):
 split_segments.defvjp(_split_segments_fwd, _split_segments_bwd)
 
 
-def run_unrolled(layers: tuple, cfg: ModelConfig, x_BTD, rope, mask_BTS):
-  """A full sequence through per-layer weights (`split_segments`), unrolled; returns
-  (x, keys/values [n, B, T, N_kv, K]). For the recurrent block inside Jacobi sweeps,
-  where a scan would re-slice (copy) the stacked weights at every sweep."""
-  block = Block(cfg)
-  layer = _remat(cfg, lambda x, p: block.apply({"params": p}, x, rope, mask_BTS))
-  kvs = []
-  for p in layers:
-    x_BTD, kv = layer(x_BTD, p)
-    kvs.append(kv)
-  return x_BTD, jax.tree.map(lambda *a: jnp.stack(a), *kvs)
-
-
 def split_layers(layer_params) -> tuple:
   """A stacked layer tree as one tree per layer, for token-by-token loops.
 
@@ -146,16 +185,3 @@ def split_layers(layer_params) -> tuple:
   """
   n = jax.tree.leaves(layer_params)[0].shape[0]
   return jax.lax.optimization_barrier(split_segments(layer_params, ((0, n, True),))[0])
-
-
-def run_cached(layers: tuple, cfg: ModelConfig, x_B1D, rope, mask_B1S, caches: tuple, index):
-  """One token through per-layer weights (`split_layers`) and per-layer KV caches
-  ([B·N_kv, S, K], `layers.to_cache`); returns (x, the caches with the token's keys
-  written at slot `index`). Unrolled: each cache is updated in place in a loop carry."""
-  block, out = Block(cfg), []
-  layer = _remat(cfg, lambda x, p, cache: block.apply({"params": p}, x, rope, mask_B1S, cache,
-                                                      index))
-  for p, cache in zip(layers, caches):
-    x_B1D, cache = layer(x_B1D, p, cache)
-    out.append(cache)
-  return x_B1D, tuple(out)

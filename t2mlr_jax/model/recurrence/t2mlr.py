@@ -1,4 +1,4 @@
-"""The temporal pathway: what the recurrence reads, what it injects, what it carries.
+"""T2MLR's temporal pathway: what the recurrence reads, what it injects, what it carries.
 
 T2MLR (SPEC §2): the cache R_t (built at position t-1 from the output of layer
 l_end) is fused into the residual stream entering layer l_start,
@@ -6,14 +6,17 @@ l_end) is fused into the residual stream entering layer l_start,
     r = W_rec R;  g = [h, r];  Φ(h, R) = h + tanh(γ_rec) σ(f_rec g) ⊙ r + tanh(γ_cur) σ(f_cur g) ⊙ h
 
 and after l_end the cache is rewritten (residual + clipped RMS scale at
-recurrent positions, the raw output elsewhere). The execution modes only ever
-call the three functions of this module's interface:
+recurrent positions, the raw output elsewhere). The interface of
+`recurrence/__init__.py`:
 
     init_params(cfg, rng)                  -> recurrence parameter tree
-    inject(params, cfg, h, R, cf)          -> (h', gate statistics)     at l_start
-    write(params, cfg, o, R, cf)           -> new per-position cache     after l_end
+    enter = inject(params, cfg, h, R, cf)  -> (h', gate statistics)     at l_start
+    carry(params, cfg, o, R, cf)           -> new per-position cache    after l_end
+                                              (`write` on params["recurrence"])
+    read, memory (None: no per-layer path), zero_state, stats
 
-plus `zero_state`. Everything runs in fp32 whatever the compute dtype.
+plus `shift_right`, which the Jacobi sweeps use. Everything runs in fp32 whatever the
+compute dtype.
 """
 
 from __future__ import annotations
@@ -100,6 +103,23 @@ def zero_state(cfg: ModelConfig, batch: int) -> jnp.ndarray:
   return jnp.zeros((batch, cfg.d_model), jnp.float32)
 
 
+layer_module = None      # T2MLR adds nothing inside the layers
+
+
+def read(cfg: ModelConfig, state_BTD, positions_BT, slots_BT=None):
+  """The cache a position reads: zero where the position id is 0 (a sequence or packed
+  segment starts)."""
+  return jnp.where((positions_BT == 0)[..., None], 0.0, state_BTD)
+
+
+def memory(cfg: ModelConfig, state_BTD, cf_BT):
+  return None
+
+
+def carry(params, cfg: ModelConfig, o_BTD, R_BTD, cf_BT):
+  return write(params["recurrence"], cfg, o_BTD, R_BTD, cf_BT)
+
+
 def inject(params, cfg: ModelConfig, h_BTD, R_BTD, cf_BT):
   """Residual stream entering l_start: Φ(h, R) where cf == 2, h elsewhere."""
   dtype = h_BTD.dtype
@@ -108,6 +128,10 @@ def inject(params, cfg: ModelConfig, h_BTD, R_BTD, cf_BT):
       {"params": {k: v for k, v in params.items() if k != "cache_norm"}}, h32, R_BTD)
   out = jnp.where((cf_BT == CF_RECURRENT)[..., None], fused, h32)
   return out.astype(dtype), gates
+
+
+def enter(params, cfg: ModelConfig, h_BTD, R_BTD, cf_BT):
+  return inject(params["recurrence"], cfg, h_BTD, R_BTD, cf_BT)
 
 
 def _cache_norm(params, rcfg: T2MLRConfig, z):
@@ -142,6 +166,10 @@ def shift_right(Z_BTD, positions_BT):
   """R_t = Z_{t-1}, zero at position 0 and wherever a packed segment starts."""
   R = jnp.pad(Z_BTD, ((0, 0), (1, 0), (0, 0)))[:, :-1]
   return jnp.where((positions_BT == 0)[..., None], 0.0, R)
+
+
+def stats(gates: GateStats, cf_BT):
+  return gate_means(gates, cf_BT)
 
 
 def gate_means(gates: GateStats, cf_BT):

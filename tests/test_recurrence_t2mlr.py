@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t2mlr_jax import T2MLRConfig, init_params
-from t2mlr_jax.model import recurrence as rec
+from t2mlr_jax.model.recurrence import t2mlr as rec
 from _util import tiny_cfg
 
 

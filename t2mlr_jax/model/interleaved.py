@@ -1,0 +1,143 @@
+"""LRT's interleaved parallel training (SPEC §4; golden/README.md "Interleaved training").
+
+Pass 0 runs every position with zero memory and keeps, per layer, the keys (after the
+gate mix, RoPE and QK-norm) and values (after the mix) of the whole sequence. Pass
+p = 1..S runs only the positions t ≡ p−1 (mod S), with m[t] = H[t−1] from the current
+merged normed source state H; in every layer their fresh keys/values overwrite the
+buffer at those rows before their queries attend over the whole buffer, and their
+source state overwrites H there. Nothing is detached. The S passes together push each
+position through the model once, so a step costs about twice a plain one.
+
+K/V refresh (optional): before each pass p >= 1, at the positions no pass has visited
+yet, V += g_fb0·Δ(W_v m′) and the pre-RoPE keys += g_fb0·Δ(W_k m′), then RoPE and the
+norm again; m′ = shift(H) at that moment, Δ the change since the previous refresh,
+g_fb0 the pass-0 gate.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.model.layers import KV, LayerSide, apply_rope, rms_normalize, rope_tables
+from t2mlr_jax.model.modes import SeqInputs, _context, _segments, side_inputs
+from t2mlr_jax.model.recurrence import lrt
+from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers
+
+
+class Interleaved(NamedTuple):
+  """What `interleaved` returns beside the merged logits."""
+  pass_logits: tuple     # (pass 0 [B, T, V], pass 1 [B, |P_1|, V], ..., pass S)
+  h_final: jnp.ndarray   # [B, T, D] merged memory source after the last pass
+
+
+def pass_positions(T: int, passes: int) -> tuple:
+  """The positions of passes 1..S: t ≡ p−1 (mod S) (uneven passes when S ∤ T)."""
+  if not 1 <= passes <= T:
+    raise ValueError(f"passes={passes!r} is invalid: allowed 1 <= passes <= T={T} "
+                     "(the sequence length)")
+  return tuple(np.arange(p, T, passes) for p in range(passes))
+
+
+def shifted_memory(cfg: ModelConfig, H_BTD, inp: SeqInputs):
+  """m[t] = H[t−1] as position t reads it (reset, control flow)."""
+  B, T, _ = H_BTD.shape
+  Hs = jnp.pad(H_BTD, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+  slots = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
+  return lrt.memory(cfg, lrt.read(cfg, Hs, inp.positions, slots), inp.control_flow)
+
+
+def _feedback_weights(params, cfg: ModelConfig, name: str):
+  """[L, D, N_kv·K] W_k or W_v of every layer (the shared pair broadcast)."""
+  if cfg.recurrence.projection == "shared":
+    w = params["recurrence"][name]
+    return jnp.broadcast_to(w, (cfg.n_layers, *w.shape))
+  return params["layers"]["memory"][name]
+
+
+def _refresh(params, cfg, inp, rope, buf: KV, k_pre, g_fb, old, H, unvisited):
+  """One K/V refresh of the unvisited rows; returns (buffer, k_pre, (k_old, v_old))."""
+  rcfg = cfg.recurrence
+  L, B, T, M, K = buf.k.shape
+  m = shifted_memory(cfg, H, inp)
+  u = jnp.asarray(unvisited)[None, None, :, None, None]
+  g = g_fb[..., None]                                              # [L, B, T, M, 1]
+  new = []
+  for i, name in enumerate(("w_k", "w_v")):
+    on = rcfg.key if name == "w_k" else rcfg.value
+    if not on:
+      new.append(None)
+      continue
+    w = _feedback_weights(params, cfg, name)
+    new.append(jnp.einsum("btd,lde->lbte", m, w).reshape(L, B, T, M, K))
+  k_new, v_new = new
+  k_old, v_old = old
+  keys, values = buf.k, buf.v
+  if v_new is not None:
+    values = values + (g * (v_new - v_old) * u).astype(values.dtype)
+  if k_new is not None:
+    k_pre = k_pre + (g * (k_new - k_old) * u).astype(k_pre.dtype)
+    k_rot = jax.vmap(lambda k: apply_rope(k, rope))(k_pre)
+    if cfg.qk_norm:
+      k_rot = rms_normalize(k_rot, cfg.rms_norm_eps).astype(k_pre.dtype)
+    keys = jnp.where(u, k_rot.astype(keys.dtype), keys)
+  return KV(keys, values), k_pre, (k_new, v_new)
+
+
+def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int,
+                kv_refresh: bool):
+  """Merged logits [B, T, V] (each position from the last pass that computed it) and
+  `Interleaved` (per-pass logits, merged h_final)."""
+  B, T = tokens_BT.shape
+  sets = pass_positions(T, passes)
+  x0 = embed(params, cfg, tokens_BT)
+  ctx = _context(params, cfg, inp, tokens_BT, x0)
+  if kv_refresh:
+    ctx = ctx._replace(side=ctx.side._replace(keep=True))
+  segs = _segments(params, cfg)
+  span_end = cfg.recurrent_block[1]
+
+  # Pass 0: every position, zero memory; keep every layer's keys/values.
+  x, bufs, H = x0, [], None
+  for name, lo, hi in cfg.segments:
+    x, out = run_layers(segs[name][1], cfg, x, ctx, lo)
+    bufs.append(out)
+    if lo <= span_end < hi:
+      H = lrt.carry(params, cfg, x, None, inp.control_flow)
+  logits0 = head(params, cfg, x)
+  bufs = jax.tree.map(lambda *a: jnp.concatenate(a), *bufs)
+  if kv_refresh:
+    buf, (k_pre, g_fb) = bufs
+    zero = jnp.zeros(buf.k.shape, jnp.float32)
+    old = (zero, zero)
+  else:
+    buf = bufs
+  visited = np.zeros(T, bool)
+
+  merged, pass_logits = logits0, [logits0]
+  for P in sets:
+    if kv_refresh:
+      buf, k_pre, old = _refresh(params, cfg, inp, ctx.rope, buf, k_pre, g_fb, old, H,
+                                 ~visited)
+    m = shifted_memory(cfg, H, inp)[:, P]
+    pos_P = inp.positions[:, P]
+    dist = (P[:, None] - np.arange(T)[None, :])[None]
+    side = side_inputs(params, cfg, x0[:, P], tokens_BT[:, P], dist, m)
+    pctx = LayerCtx(rope_tables(cfg, pos_P), ctx.mask[:, P], side)
+    x, new_bufs = x0[:, P], []
+    for name, lo, hi in cfg.segments:
+      layer_buf = jax.tree.map(lambda a: a[lo:hi], buf)
+      x, nb = run_layers(segs[name][1], cfg, x, pctx, lo, layer_buf, P)
+      new_bufs.append(nb)
+      if lo <= span_end < hi:
+        H = H.at[:, P].set(lrt.carry(params, cfg, x, None, inp.control_flow[:, P]))
+    buf = jax.tree.map(lambda *a: jnp.concatenate(a), *new_bufs)
+    logits = head(params, cfg, x)
+    pass_logits.append(logits)
+    merged = merged.at[:, P].set(logits)
+    visited[P] = True
+  return merged, Interleaved(tuple(pass_logits), H)
