@@ -30,8 +30,6 @@ def invalid(field: str, value: Any, allowed: str, prefix: str = "") -> None:
   raise ValueError(f"{prefix}{field}={value!r} is invalid: allowed {allowed}")
 
 
-_fail = invalid
-
 
 class _Replaceable:
   """Mixin giving frozen dataclasses a validated `.replace(**kw)`."""
@@ -59,14 +57,14 @@ class RopeScaling(_Replaceable):
 
   def __post_init__(self):
     if self.rope_type not in ROPE_SCALING_TYPES:
-      _fail("rope_scaling.rope_type", self.rope_type, f"one of {ROPE_SCALING_TYPES}")
+      invalid("rope_scaling.rope_type", self.rope_type, f"one of {ROPE_SCALING_TYPES}")
     if not self.factor > 0:
-      _fail("rope_scaling.factor", self.factor, "> 0")
+      invalid("rope_scaling.factor", self.factor, "> 0")
     if not self.high_freq_factor > self.low_freq_factor > 0:
-      _fail("rope_scaling.high_freq_factor", self.high_freq_factor,
+      invalid("rope_scaling.high_freq_factor", self.high_freq_factor,
             f"> low_freq_factor ({self.low_freq_factor}) > 0")
     if self.original_max_position_embeddings < 1:
-      _fail("rope_scaling.original_max_position_embeddings",
+      invalid("rope_scaling.original_max_position_embeddings",
             self.original_max_position_embeddings, ">= 1")
 
 
@@ -94,21 +92,21 @@ class T2MLRConfig(_Replaceable):
 
   def __post_init__(self):
     if self.d_forward < 1:
-      _fail("d_forward", self.d_forward, "an integer >= 1")
+      invalid("d_forward", self.d_forward, "an integer >= 1")
     if not 1 <= self.d_backward <= self.d_forward:
-      _fail("d_backward", self.d_backward, f"1 <= d_backward <= d_forward ({self.d_forward})")
+      invalid("d_backward", self.d_backward, f"1 <= d_backward <= d_forward ({self.d_forward})")
     if self.jacobi_tol is not None and not self.jacobi_tol > 0:
-      _fail("jacobi_tol", self.jacobi_tol, "None or a float > 0")
+      invalid("jacobi_tol", self.jacobi_tol, "None or a float > 0")
     if self.cache_norm not in CACHE_NORMS:
-      _fail("cache_norm", self.cache_norm, f"one of {CACHE_NORMS}")
+      invalid("cache_norm", self.cache_norm, f"one of {CACHE_NORMS}")
     if not 0.0 < self.gate_init < 1.0:
-      _fail("gate_init", self.gate_init, "a float in (0, 1)")
+      invalid("gate_init", self.gate_init, "a float in (0, 1)")
     if not self.cache_norm_clip >= 1.0:
-      _fail("cache_norm_clip", self.cache_norm_clip, ">= 1")
+      invalid("cache_norm_clip", self.cache_norm_clip, ">= 1")
     if not self.cache_norm_eps > 0:
-      _fail("cache_norm_eps", self.cache_norm_eps, "> 0")
+      invalid("cache_norm_eps", self.cache_norm_eps, "> 0")
     if not self.gate_gain > 0:
-      _fail("gate_gain", self.gate_gain, "> 0")
+      invalid("gate_gain", self.gate_gain, "> 0")
 
   @property
   def gate_bias(self) -> float:
@@ -276,33 +274,33 @@ class ModelConfig(_Replaceable):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
-        _fail(name, value, "an integer >= 1")
+        invalid(name, value, "an integer >= 1")
     if self.n_kv_heads is None:
       object.__setattr__(self, "n_kv_heads", self.n_heads)
     if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
-      _fail("n_kv_heads", self.n_kv_heads, f"a divisor of n_heads ({self.n_heads})")
+      invalid("n_kv_heads", self.n_kv_heads, f"a divisor of n_heads ({self.n_heads})")
     if self.head_dim is None:
       if self.d_model % self.n_heads:
-        _fail("n_heads", self.n_heads, f"a divisor of d_model ({self.d_model}) or set head_dim")
+        invalid("n_heads", self.n_heads, f"a divisor of d_model ({self.d_model}) or set head_dim")
       object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
     if self.head_dim < 2 or (self.rope_theta is not None and self.head_dim % 2):
-      _fail("head_dim", self.head_dim, "an even integer >= 2 with RoPE")
+      invalid("head_dim", self.head_dim, "an even integer >= 2 with RoPE")
     if self.rope_theta is not None and not self.rope_theta > 0:
-      _fail("rope_theta", self.rope_theta, "None (NoPE) or a float > 0")
+      invalid("rope_theta", self.rope_theta, "None (NoPE) or a float > 0")
     if isinstance(self.rope_scaling, dict):
       object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
     if self.rope_scaling is not None and self.rope_theta is None:
-      _fail("rope_scaling", self.rope_scaling, "None when rope_theta is None (NoPE)")
+      invalid("rope_scaling", self.rope_scaling, "None when rope_theta is None (NoPE)")
     if self.dtype not in DTYPES:
-      _fail("dtype", self.dtype, f"one of {DTYPES}")
+      invalid("dtype", self.dtype, f"one of {DTYPES}")
     if self.remat not in REMAT_POLICIES:
-      _fail("remat", self.remat, f"one of {REMAT_POLICIES}")
+      invalid("remat", self.remat, f"one of {REMAT_POLICIES}")
     if self.mlp_type not in MLP_TYPES:
-      _fail("mlp_type", self.mlp_type, f"one of {MLP_TYPES}")
+      invalid("mlp_type", self.mlp_type, f"one of {MLP_TYPES}")
     if self.logit_softcap is not None and not self.logit_softcap > 0:
-      _fail("logit_softcap", self.logit_softcap, "None or a float > 0")
+      invalid("logit_softcap", self.logit_softcap, "None or a float > 0")
     if not isinstance(self.pad_vocab_to, int) or self.pad_vocab_to < 1:
-      _fail("pad_vocab_to", self.pad_vocab_to, "an integer >= 1")
+      invalid("pad_vocab_to", self.pad_vocab_to, "an integer >= 1")
     self._check_windows()
     if isinstance(self.recurrence, dict):
       object.__setattr__(self, "recurrence", recurrence_from_dict(self.recurrence))
@@ -311,21 +309,21 @@ class ModelConfig(_Replaceable):
     elif isinstance(self.recurrence, LRTConfig):
       self.lrt_source_layer  # validates the source layer
     elif self.recurrence is not None:
-      _fail("recurrence", self.recurrence, "None, a T2MLRConfig or an LRTConfig")
+      invalid("recurrence", self.recurrence, "None, a T2MLRConfig or an LRTConfig")
 
   def _check_windows(self):
     if self.window_pattern is None:
       for name in ("window_short", "window_long"):
         if getattr(self, name) is not None:
-          _fail(name, getattr(self, name), "None when window_pattern is None")
+          invalid(name, getattr(self, name), "None when window_pattern is None")
       return
     pat = self.window_pattern
     if not isinstance(pat, str) or not pat or set(pat.upper()) - {"S", "L"}:
-      _fail("window_pattern", pat, "None or a non-empty string of 'S' and 'L', e.g. 'SSSL'")
+      invalid("window_pattern", pat, "None or a non-empty string of 'S' and 'L', e.g. 'SSSL'")
     for name in ("window_long", "window_short"):
       value = getattr(self, name)
       if value is not None and (not isinstance(value, int) or not 1 <= value <= self.max_seq_len):
-        _fail(name, value, f"None or an integer in [1, max_seq_len={self.max_seq_len}]")
+        invalid(name, value, f"None or an integer in [1, max_seq_len={self.max_seq_len}]")
 
   @property
   def layer_windows(self) -> Optional[tuple]:
@@ -354,10 +352,10 @@ class ModelConfig(_Replaceable):
     if not isinstance(rec, LRTConfig):
       raise ValueError("recurrence is not an LRTConfig")
     if not -L <= rec.source_layer < L:
-      _fail("recurrence.source_layer", rec.source_layer,
+      invalid("recurrence.source_layer", rec.source_layer,
             f"-1 (the LM head's input) or a layer index in [{-L}, {L - 1}] for n_layers={L}")
     if rec.gate_channels > self.d_model:
-      _fail("recurrence.gate_channels", rec.gate_channels, f"0..d_model={self.d_model}")
+      invalid("recurrence.gate_channels", rec.gate_channels, f"0..d_model={self.d_model}")
     return rec.source_layer % L
 
   def to_dict(self) -> dict:
@@ -380,7 +378,7 @@ class ModelConfig(_Replaceable):
     for name in ("l_start", "l_end"):
       value = getattr(rec, name)
       if not -L <= value < L:
-        _fail(f"recurrence.{name}", value, f"a layer index in [{-L}, {L - 1}] for n_layers={L}")
+        invalid(f"recurrence.{name}", value, f"a layer index in [{-L}, {L - 1}] for n_layers={L}")
     start, end = rec.l_start % L, rec.l_end % L
     if start > end:
       raise ValueError(
@@ -401,7 +399,7 @@ class ModelConfig(_Replaceable):
   def preset(cls, name: str, **overrides) -> "ModelConfig":
     """A named shape from SPEC §1, e.g. `ModelConfig.preset("smollm2-135m", recurrence=...)`."""
     if name not in PRESETS:
-      _fail("preset", name, f"one of {sorted(PRESETS)}")
+      invalid("preset", name, f"one of {sorted(PRESETS)}")
     return cls(**{**PRESETS[name], **overrides})
 
   def num_params(self) -> int:

@@ -1,27 +1,36 @@
-"""Cross-entropy losses over supervised positions (SPEC §10)."""
+"""Cross-entropy over supervised positions (SPEC §10): the library's one ignore rule and
+one cross-entropy. A label is supervised iff it is >= 0: any negative label (IGNORE,
+the release's -1) is ignored. Imports nothing of ours (data pipelines use IGNORE)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-IGNORE = -100
+IGNORE = -100    # the label our data pipelines write where nothing is predicted
 
 
-def cross_entropy(logits_BTV, labels_BT, mask_BT=None):
-  """Mean CE over positions whose label is not IGNORE (and mask, if given, is true).
+def supervised(labels_BT, mask_BT=None):
+  """[B, T] bool: label >= 0 (and mask true, when given)."""
+  valid = labels_BT >= 0
+  return valid if mask_BT is None else valid & mask_BT.astype(bool)
 
-  Returns (mean loss, number of supervised tokens). Label shift 0: position t
-  is scored against labels[t].
-  """
-  valid = labels_BT != IGNORE
-  if mask_BT is not None:
-    valid = valid & mask_BT.astype(bool)
+
+def token_nll(logits_BTV, labels_BT, mask_BT=None):
+  """(per-position −log p(label) [B, T] in fp32, 0 where unsupervised; supervised mask)."""
+  valid = supervised(labels_BT, mask_BT)
   logp = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
   safe = jnp.where(valid, labels_BT, 0)
   nll = -jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]
+  return jnp.where(valid, nll, 0.0), valid
+
+
+def cross_entropy(logits_BTV, labels_BT, mask_BT=None):
+  """Mean CE over supervised positions; returns (mean loss, number of supervised tokens).
+  Label shift 0: position t is scored against labels[t]."""
+  nll, valid = token_nll(logits_BTV, labels_BT, mask_BT)
   count = jnp.sum(valid)
-  return jnp.sum(jnp.where(valid, nll, 0.0)) / jnp.maximum(count, 1), count
+  return jnp.sum(nll) / jnp.maximum(count, 1), count
 
 
 def next_token_labels(tokens_BT, mask_BT=None):

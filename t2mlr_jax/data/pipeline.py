@@ -13,7 +13,8 @@ from typing import Any, Mapping
 import grain
 import numpy as np
 
-IGNORE_ID = -100
+from t2mlr_jax.losses import IGNORE as IGNORE_ID
+
 # Fields every batch carries and their padding values (right padding).
 PAD_VALUES = {"input_ids": 0, "target_ids": IGNORE_ID, "control_flow": 0}
 OPTIONAL_PAD_VALUES = {"positions": 0, "segment_ids": -1}

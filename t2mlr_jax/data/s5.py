@@ -43,6 +43,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from t2mlr_jax.losses import IGNORE as IGNORE_ID
+
 # ---------------------------------------------------------------------------
 # Vocabulary and tokenizer.
 
@@ -53,7 +55,6 @@ EOS_ID = 3
 SPACE_ID = 66
 SEP_ID = 67
 ACTION_OFFSET = 68
-IGNORE_ID = -100  # label of padded positions (same value as t2mlr_jax.losses.IGNORE)
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
 VALUE_CHARS = string.ascii_lowercase + string.ascii_uppercase + string.digits

@@ -19,7 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-IGNORE = -100
+from t2mlr_jax.losses import IGNORE
+
 FORMATS = ("auto", "gsm8k_aug", "prompt_response")
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from t2mlr_jax.data import multiple_choice as mc
 from t2mlr_jax.data import sft
 from t2mlr_jax.eval import answers
+from t2mlr_jax.losses import token_nll
 from t2mlr_jax.model.decode import generate
 from t2mlr_jax.model.modes import forward
 
@@ -132,9 +133,7 @@ def sequence_logliks(params, cfg, requests: Sequence[tuple[list[int], list[int]]
 
 @jax.jit
 def _gather_loglik(logits, target):
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  picked = jnp.take_along_axis(logp, jnp.maximum(target, 0)[..., None], axis=-1)[..., 0]
-  return jnp.sum(jnp.where(target >= 0, picked, 0.0), axis=-1)
+  return -jnp.sum(token_nll(logits, target)[0], axis=-1)
 
 
 def _loglik(params, cfg, tokens, cf, target):

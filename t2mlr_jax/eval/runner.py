@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2mlr_jax.losses import IGNORE
+from t2mlr_jax.losses import token_nll
 from t2mlr_jax.model.api import AnyModelConfig, apply_model
 
 
@@ -16,11 +16,8 @@ from t2mlr_jax.model.api import AnyModelConfig, apply_model
 def _eval_batch(params, batch, cfg, mode):
   """Greedy predictions, summed NLL and supervised-token count of one batch."""
   logits = apply_model(params, cfg, batch, mode)[0]
-  labels = batch["target_ids"]
-  valid = labels != IGNORE
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
-  return jnp.argmax(logits, -1), jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(valid)
+  nll, valid = token_nll(logits, batch["target_ids"])
+  return jnp.argmax(logits, -1), jnp.sum(nll), jnp.sum(valid)
 
 
 def evaluate(params, cfg: AnyModelConfig, batches, metrics_factory, mode: str = "exact") -> dict:

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from t2mlr_jax.losses import IGNORE
+from t2mlr_jax.losses import supervised as is_supervised
 
 
 class SequenceMetrics:
@@ -19,7 +19,7 @@ class SequenceMetrics:
 
   def update(self, predictions_BT: np.ndarray, batch: dict) -> None:
     pred, tgt = np.asarray(predictions_BT), np.asarray(batch["target_ids"])
-    supervised = tgt != IGNORE
+    supervised = np.asarray(is_supervised(tgt))
     right = (pred == tgt) | ~supervised
     rows = np.nonzero(supervised.any(-1))[0]
     self.counts["seq_right"] += float(right[rows].all(-1).sum())

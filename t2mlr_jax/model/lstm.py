@@ -13,7 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from t2mlr_jax.config import _Replaceable, _fail
+from t2mlr_jax.config import _Replaceable, invalid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,7 @@ class LSTMConfig(_Replaceable):
     for name in ("vocab_size", "d_model", "n_layers", "max_seq_len"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
-        _fail(name, value, "an integer >= 1")
+        invalid(name, value, "an integer >= 1")
 
   def num_params(self) -> int:
     D = self.d_model

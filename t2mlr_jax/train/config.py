@@ -12,7 +12,7 @@ from typing import Any, Union
 
 from ml_collections import config_dict
 
-from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax.config import ModelConfig, T2MLRConfig, invalid
 from t2mlr_jax.model.lstm import LSTMConfig
 
 ARCHS = ("transformer", "lstm")
@@ -61,7 +61,7 @@ def base_config() -> config_dict.ConfigDict:
 
 
 def _fail(field: str, value: Any, allowed: str):
-  raise ValueError(f"config field {field}={value!r} is invalid: allowed {allowed}")
+  invalid(field, value, allowed, prefix="config field ")
 
 
 def _recurrence(config):

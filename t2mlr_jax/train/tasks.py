@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, NamedTuple
 
+from t2mlr_jax.config import invalid
 from t2mlr_jax.data import pipeline, s5, sft, variable_assignment
 from t2mlr_jax.eval.s5 import S5Metrics
 from t2mlr_jax.eval.sequence import SequenceMetrics
@@ -24,7 +25,7 @@ class Task(NamedTuple):
 
 
 def _fail(field, value, allowed):
-  raise ValueError(f"config field {field}={value!r} is invalid: allowed {allowed}")
+  invalid(field, value, allowed, prefix="config field ")
 
 
 def eval_lengths(d) -> list[int]:

@@ -1,0 +1,181 @@
+"""The official LRT release (a nanochat fork) <-> ours: `GPTConfig` fields and weights.
+
+Official names (linear weights [out, in]; ours [in, out], stacked over layers):
+
+    transformer.wte.weight [Vp, D]                      embed/embedding
+    lm_head.weight [Vp, D]                              lm_head/kernel (transposed)
+    transformer.h.i.attn.c_q / c_k / c_v / c_proj       layers/attn/q / k / v / o/kernel[i]
+    transformer.h.i.mlp.c_fc / c_proj                   layers/mlp/up / down/kernel[i]
+    transformer.h.i.attn.triple_gate.weight [3Hkv, C]   layers/memory/gate[i]
+    resid_lambdas / x0_lambdas / interleaved_lambdas    layers/resid_lambda / x0_lambda /
+                                                        memory/gamma
+    interleaved_projections.i.W_v.weight                layers/memory/w_v[i]   (V feedback)
+    interleaved_key_projections.i.W_v.weight            layers/memory/w_k[i]   (K feedback)
+    interleaved_init_value_embeds.i.weight [Vp, kv]     layers/memory/ve[i]
+
+Padded vocabulary rows are kept (`pad_vocab_to`), so official -> ours -> official is
+exact. RoPE: the release rotates the other way ([x1·cos + x2·sin, −x1·sin + x2·cos]).
+We convert it by an exact weight transform instead of a config option: negating the
+second half of every head's rows of c_q, c_k and the key feedback W_k turns the
+release's rotation into ours (RoPE, QK-norm and the gate mix commute with that sign
+flip; q·k is unchanged), so the model runs our one RoPE. `to_official_lrt` applies
+the same flip (its own inverse), to parameters or to any tree shaped like them
+(gradients compare by official name).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Union
+
+import numpy as np
+
+from t2mlr_jax.config import FLOAT32_EPS, LRTConfig, ModelConfig
+from t2mlr_jax.convert.hf import to_numpy
+
+SUPPORTED = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd",
+             "window_pattern", "use_value_embeds", "ve_every_layer", "use_x0_residual",
+             "use_resid_lambdas", "ve_gate_channels", "use_interleaved",
+             "interleaved_num_passes", "interleaved_kv_refresh")
+
+
+def _load(path: str) -> dict:
+  if not os.path.isfile(path):
+    raise ValueError(f"state dict file {path!r} does not exist")
+  if path.endswith(".npz"):
+    with np.load(path) as z:
+      return dict(z)
+  from t2mlr_jax.convert.official import load_state_dict
+  return load_state_dict(path)
+
+
+def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrides) -> ModelConfig:
+  """A ModelConfig with an LRTConfig from the release's GPTConfig fields."""
+  unknown = sorted(set(config) - set(SUPPORTED))
+  if unknown:
+    raise ValueError(f"official config field(s) {unknown} are not supported: allowed "
+                     f"{list(SUPPORTED)}")
+  get = lambda k, d: config.get(k, d)
+  if not get("use_interleaved", False):
+    raise ValueError("use_interleaved=False is not supported: allowed True (an LRT model; "
+                     "the release's plain nanochat value embeddings are not implemented)")
+  V = int(get("vocab_size", 32768))
+  if padded_vocab < V:
+    raise ValueError(f"transformer.wte.weight has {padded_vocab} rows < vocab_size={V}")
+  pad = 64 if -(-V // 64) * 64 == padded_vocab else padded_vocab
+  D, H = int(get("n_embd", 768)), int(get("n_head", 6))
+  rec = LRTConfig(gate_channels=int(get("ve_gate_channels", 32)),
+                  passes=int(get("interleaved_num_passes", 2)),
+                  kv_refresh=bool(get("interleaved_kv_refresh", False)),
+                  **{k: v for k, v in overrides.items() if k in LRTConfig.__dataclass_fields__})
+  model_over = {k: v for k, v in overrides.items() if k not in LRTConfig.__dataclass_fields__}
+  return ModelConfig(
+      vocab_size=V, pad_vocab_to=pad, d_model=D, n_layers=int(get("n_layer", 12)),
+      n_heads=H, n_kv_heads=int(get("n_kv_head", H)), d_ff=4 * D,
+      max_seq_len=int(get("sequence_len", 2048)), rope_theta=10000.0,
+      rms_norm_eps=FLOAT32_EPS, norm_scale=False, embed_norm=True, qk_norm=True,
+      mlp_type="relu2", logit_softcap=15.0, resid_lambdas=bool(get("use_resid_lambdas", True)),
+      x0_lambdas=bool(get("use_x0_residual", True)),
+      window_pattern=get("window_pattern", "SSSL"), tie_embeddings=False,
+      recurrence=rec, **model_over)
+
+
+def _rope_flip(cfg: ModelConfig, kernel_in_out: np.ndarray) -> np.ndarray:
+  """Negate the second half of each head's output columns ([.., in, heads·K])."""
+  K = cfg.head_dim
+  cols = kernel_in_out.shape[-1]
+  sign = np.tile(np.concatenate([np.ones(K // 2), -np.ones(K // 2)]), cols // K)
+  return (kernel_in_out * sign.astype(kernel_in_out.dtype)).astype(kernel_in_out.dtype)
+
+
+def _take(sd, name, shape):
+  if name not in sd:
+    raise ValueError(f"missing weight {name!r} in the official state dict")
+  a = np.asarray(to_numpy(sd[name]), np.float32)
+  if tuple(a.shape) != tuple(shape):
+    raise ValueError(f"official {name} has shape {tuple(a.shape)}, expected {tuple(shape)}")
+  return a
+
+
+def from_official_lrt(state_dict_or_path: Union[str, Mapping[str, Any]],
+                      config: Mapping[str, Any], **overrides):
+  """(ModelConfig, params) from an official LRT state dict (or a .safetensors / .pt / .npz
+  path) and its GPTConfig fields. `overrides` set ModelConfig or LRTConfig fields."""
+  sd = (_load(state_dict_or_path) if isinstance(state_dict_or_path, str)
+        else dict(state_dict_or_path))
+  if "transformer.wte.weight" not in sd:
+    raise ValueError("missing weight 'transformer.wte.weight' in the official state dict")
+  cfg = config_from_official(config, int(np.shape(sd["transformer.wte.weight"])[0]),
+                             **overrides)
+  D, L, Vp = cfg.d_model, cfg.n_layers, cfg.padded_vocab
+  q_dim, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+  C = cfg.recurrence.gate_channels or D
+  h = lambda i, n: f"transformer.h.{i}.{n}.weight"
+  stack = lambda f: np.stack([f(i) for i in range(L)])
+  lin = lambda n, shape: stack(lambda i: _take(sd, h(i, n), shape).T)
+  layers = {
+      "attn": {"q": {"kernel": _rope_flip(cfg, lin("attn.c_q", (q_dim, D)))},
+               "k": {"kernel": _rope_flip(cfg, lin("attn.c_k", (kv, D)))},
+               "v": {"kernel": lin("attn.c_v", (kv, D))},
+               "o": {"kernel": lin("attn.c_proj", (D, q_dim))}},
+      "mlp": {"up": {"kernel": lin("mlp.c_fc", (cfg.d_ff, D))},
+              "down": {"kernel": lin("mlp.c_proj", (D, cfg.d_ff))}},
+      "memory": {
+          "gamma": _take(sd, "interleaved_lambdas", (L,)),
+          "gate": stack(lambda i: _take(sd, h(i, "attn.triple_gate"), (3 * cfg.n_kv_heads, C)).T),
+          "w_v": stack(lambda i: _take(sd, f"interleaved_projections.{i}.W_v.weight", (kv, D)).T),
+          "w_k": _rope_flip(cfg, stack(lambda i: _take(
+              sd, f"interleaved_key_projections.{i}.W_v.weight", (kv, D)).T)),
+          "ve": stack(lambda i: _take(sd, f"interleaved_init_value_embeds.{i}.weight", (Vp, kv))),
+      },
+  }
+  if cfg.resid_lambdas:
+    layers["resid_lambda"] = _take(sd, "resid_lambdas", (L,))
+  if cfg.x0_lambdas:
+    layers["x0_lambda"] = _take(sd, "x0_lambdas", (L,))
+  params = {"embed": {"embedding": _take(sd, "transformer.wte.weight", (Vp, D))},
+            "lm_head": {"kernel": _take(sd, "lm_head.weight", (Vp, D)).T},
+            "layers": layers}
+  expected = set(to_official_lrt(cfg, params))
+  extra = sorted(set(sd) - expected)
+  if extra:
+    raise ValueError(f"official state dict has weights we would ignore: {extra[:5]} "
+                     f"({len(extra)} in all)")
+  return cfg, params
+
+
+def to_official_lrt(cfg: ModelConfig, tree) -> dict:
+  """{official name: np.ndarray} of a tree shaped like our params (or its gradients)."""
+  rcfg = cfg.recurrence
+  if not isinstance(rcfg, LRTConfig) or rcfg.projection != "layerwise" or not (
+      rcfg.residual and rcfg.key and rcfg.value and rcfg.value_embeds) or rcfg.source_layer != -1:
+    raise ValueError("to_official_lrt needs an LRT model the release can hold: layerwise "
+                     "projections, every feedback path on, source_layer=-1")
+  if cfg.norm_scale or cfg.mlp_type != "relu2" or cfg.tie_embeddings or not cfg.qk_norm:
+    raise ValueError("to_official_lrt needs the nanochat backbone (norm_scale=False, "
+                     "qk_norm, mlp_type='relu2', untied head)")
+  a = lambda x: np.asarray(x, np.float32)
+  lay = tree["layers"]
+  out = {"transformer.wte.weight": a(tree["embed"]["embedding"]),
+         "lm_head.weight": a(tree["lm_head"]["kernel"]).T}
+  if cfg.resid_lambdas:
+    out["resid_lambdas"] = a(lay["resid_lambda"])
+  if cfg.x0_lambdas:
+    out["x0_lambdas"] = a(lay["x0_lambda"])
+  out["interleaved_lambdas"] = a(lay["memory"]["gamma"])
+  q = _rope_flip(cfg, a(lay["attn"]["q"]["kernel"]))
+  k = _rope_flip(cfg, a(lay["attn"]["k"]["kernel"]))
+  w_k = _rope_flip(cfg, a(lay["memory"]["w_k"]))
+  for i in range(cfg.n_layers):
+    p = f"transformer.h.{i}."
+    out[p + "attn.c_q.weight"] = q[i].T
+    out[p + "attn.c_k.weight"] = k[i].T
+    out[p + "attn.c_v.weight"] = a(lay["attn"]["v"]["kernel"][i]).T
+    out[p + "attn.c_proj.weight"] = a(lay["attn"]["o"]["kernel"][i]).T
+    out[p + "attn.triple_gate.weight"] = a(lay["memory"]["gate"][i]).T
+    out[p + "mlp.c_fc.weight"] = a(lay["mlp"]["up"]["kernel"][i]).T
+    out[p + "mlp.c_proj.weight"] = a(lay["mlp"]["down"]["kernel"][i]).T
+    out[f"interleaved_projections.{i}.W_v.weight"] = a(lay["memory"]["w_v"][i]).T
+    out[f"interleaved_key_projections.{i}.W_v.weight"] = w_k[i].T
+    out[f"interleaved_init_value_embeds.{i}.weight"] = a(lay["memory"]["ve"][i])
+  return out
