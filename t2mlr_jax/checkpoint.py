@@ -59,12 +59,11 @@ class Checkpointer:
 
     `model_cfg` (the resolved ModelConfig/LSTMConfig) goes into `meta`, so a
     checkpoint loads without the experiment config's external files."""
-    import dataclasses
 
     import grain
     meta = {"format_version": FORMAT_VERSION, "library_version": _library_version(),
             "step": int(step), "model_family": type(model_cfg).__name__,
-            "model_config": dataclasses.asdict(model_cfg)}
+            "model_config": model_cfg.to_dict()}
     train = {"step": state.step, "opt_state": state.opt_state,
              "nonfinite_step": state.nonfinite_step}
     args = ocp.args.Composite(
@@ -139,7 +138,6 @@ def export(cfg, params, path: str) -> None:
 
   What `python -m t2mlr_jax.convert --from-hf` writes; `load(path)` and the training
   config's `model.init_from` read it."""
-  import dataclasses
   import json
   os.makedirs(path, exist_ok=True)
   target = os.path.join(os.path.abspath(path), EXPORT_PARAMS)
@@ -149,7 +147,7 @@ def export(cfg, params, path: str) -> None:
     ckptr.save(target, jax.device_get(params))
   with open(os.path.join(path, EXPORT_CONFIG), "w") as f:
     json.dump({"format_version": FORMAT_VERSION, "library_version": _library_version(),
-               "model_family": type(cfg).__name__, "model_config": dataclasses.asdict(cfg)},
+               "model_family": type(cfg).__name__, "model_config": cfg.to_dict()},
               f, indent=2)
 
 

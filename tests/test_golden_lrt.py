@@ -7,7 +7,6 @@ import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -95,3 +94,14 @@ def test_kv_refresh_gradients(golden):
   for name, ref in sums.items():
     g = np.asarray(ours[name], np.float64)
     _grad_close(np.concatenate([g.sum(1), g.sum(0)]), ref, name + " (sums)")
+
+
+def test_unsupported_official_config(golden):
+  z, meta, _, _ = golden
+  sd = {e["name"]: z[e["name"]] for e in meta["state_dict"]}
+  with pytest.raises(ValueError, match="use_moe"):
+    from_official_lrt(sd, {**meta["gpt_config"], "use_moe": True})
+  with pytest.raises(ValueError, match="use_interleaved"):
+    from_official_lrt(sd, {**meta["gpt_config"], "use_interleaved": False})
+  with pytest.raises(ValueError, match="ignore"):
+    from_official_lrt({**sd, "extra.weight": np.zeros(3)}, meta["gpt_config"])

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.model.layers import KV, LayerSide, apply_rope, rms_normalize, rope_tables
+from t2mlr_jax.model.layers import KV, apply_rope, rms_normalize, rope_tables
 from t2mlr_jax.model.modes import SeqInputs, _context, _segments, side_inputs
 from t2mlr_jax.model.recurrence import lrt
 from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers

@@ -223,7 +223,6 @@ def _iterate(sweep, R, delta, max_sweeps, tol):
 def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
            d_backward: int, tol: Optional[float]):
   """Jacobi fixed-point training forward. Returns (logits, aux)."""
-  T = tokens_BT.shape[1]
   sg = jax.lax.stop_gradient
   # Unrolled over per-layer weights, the sweeps do not re-slice them; with a remat policy
   # the scanned block keeps XLA's peak memory 1.4-2x lower (S5 shape, remat="full").

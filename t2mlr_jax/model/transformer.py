@@ -57,9 +57,12 @@ def init_side(cfg: ModelConfig, x_BTD, tokens_BT) -> Optional[LayerSide]:
   uses_memory = recurrence.layer_module(cfg) is not None if cfg.recurrence else False
   if not (cfg.x0_lambdas or uses_memory):
     return None
+  shared = None
+  if uses_memory:
+    rec_params = jax.eval_shape(lambda: recurrence.init_params(cfg, jax.random.PRNGKey(0)))
+    shared = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), rec_params)
   return LayerSide(x0=x_BTD, memory=x_BTD if uses_memory else None,
-                   tokens=tokens_BT if uses_memory else None,
-                   shared=None)
+                   tokens=tokens_BT if uses_memory else None, shared=shared)
 
 
 def embed(params, cfg: ModelConfig, tokens_BT):
@@ -148,8 +151,7 @@ def split_segments(layer_params, parts: tuple) -> tuple:
   """Cut the stacked layer tree into contiguous segments.
 
   `parts`: ((lo, hi, unrolled), ...) covering 0..L in order. A segment is a stacked tree
-  [hi-lo, ...] (for `run_segment`) or, when unrolled, a tuple of per-layer trees (for
-  `run_unrolled` / `run_cached`). The backward concatenates the segments' gradients
+  [hi-lo, ...] or, when unrolled, a tuple of per-layer trees (both for `run_layers`). The backward concatenates the segments' gradients
   once: the transpose of separate static slices is one full-size pad and add per
   segment, 6% of a 135M Jacobi training step.
   """
@@ -180,7 +182,7 @@ def split_layers(layer_params) -> tuple:
 
   Inside a loop, slicing a stacked tree copies every layer's weights at every step
   (doubling the memory traffic of a memory-bound decode). Split once before the loop
-  (an optimisation barrier keeps XLA from re-slicing inside it); `run_cached` then
+  (an optimisation barrier keeps XLA from re-slicing inside it); `run_layers` then
   runs the same Block over each layer's own buffers.
   """
   n = jax.tree.leaves(layer_params)[0].shape[0]
