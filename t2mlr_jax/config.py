@@ -19,6 +19,7 @@ ROPE_SCALING_TYPES = ("llama3",)
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots")
 MLP_TYPES = ("swiglu", "relu2")
+VALUE_EMBEDS = ("alternating", "every")
 LRT_PROJECTIONS = ("layerwise", "shared")
 LRT_INITS = ("official", "identity")
 FLOAT32_EPS = 1.1920929e-07     # nanochat's RMSNorm epsilon (F.rms_norm with eps=None)
@@ -208,7 +209,7 @@ PRESETS = {
 NANOCHAT = dict(norm_scale=False, embed_norm=True, qk_norm=True, mlp_type="relu2",
                 logit_softcap=15.0, resid_lambdas=True, x0_lambdas=True, window_pattern="SSSL",
                 tie_embeddings=False, rope_theta=10000.0, rms_norm_eps=FLOAT32_EPS,
-                pad_vocab_to=64)
+                pad_vocab_to=64, value_embeds="alternating", ve_gate_channels=32)
 
 
 def _nanochat(depth: int) -> dict:
@@ -238,7 +239,10 @@ class ModelConfig(_Replaceable):
   tiled over layers, S = window_short (default window_long // 2), L = window_long
   (default max_seq_len), the last layer always L; key s is visible from query t iff
   0 <= t - s <= W (a window >= the sequence is full attention); pad_vocab_to: the
-  embedding and head carry rows up to a multiple of it (logits keep vocab_size).
+  embedding and head carry rows up to a multiple of it (logits keep vocab_size);
+  value_embeds "alternating" (layers with the last layer's parity) or "every": a
+  token-indexed table per such layer added to the values, v += 2σ(norm(x)[:C] W) · ve
+  (one gate per KV head, C = ve_gate_channels, 0 = d_model), before RoPE.
   """
   vocab_size: int = 256
   d_model: int = 64
@@ -268,6 +272,8 @@ class ModelConfig(_Replaceable):
   window_short: Optional[int] = None
   window_long: Optional[int] = None
   pad_vocab_to: int = 1
+  value_embeds: Optional[str] = None
+  ve_gate_channels: int = 32
   recurrence: Optional[RecurrenceConfig] = None
 
   def __post_init__(self):
@@ -302,12 +308,19 @@ class ModelConfig(_Replaceable):
     if not isinstance(self.pad_vocab_to, int) or self.pad_vocab_to < 1:
       invalid("pad_vocab_to", self.pad_vocab_to, "an integer >= 1")
     self._check_windows()
+    if self.value_embeds not in (None,) + VALUE_EMBEDS:
+      invalid("value_embeds", self.value_embeds, f"None or one of {VALUE_EMBEDS}")
+    if not isinstance(self.ve_gate_channels, int) or not 0 <= self.ve_gate_channels <= self.d_model:
+      invalid("ve_gate_channels", self.ve_gate_channels, f"an integer in [0, d_model={self.d_model}]")
     if isinstance(self.recurrence, dict):
       object.__setattr__(self, "recurrence", recurrence_from_dict(self.recurrence))
     if isinstance(self.recurrence, T2MLRConfig):
       self.recurrent_block  # validates the layer range
     elif isinstance(self.recurrence, LRTConfig):
       self.lrt_source_layer  # validates the source layer
+      if self.value_embeds is not None:
+        invalid("value_embeds", self.value_embeds, "None with an LRT recurrence (LRT carries "
+                "its own per-layer value embeddings: recurrence.value_embeds)")
     elif self.recurrence is not None:
       invalid("recurrence", self.recurrence, "None, a T2MLRConfig or an LRTConfig")
 
@@ -337,6 +350,14 @@ class ModelConfig(_Replaceable):
     wins = [long if pat[i % len(pat)] == "L" else short for i in range(self.n_layers)]
     wins[-1] = long
     return tuple(wins)
+
+  @property
+  def value_embed_layers(self) -> tuple:
+    """Layers with a value-embedding table (nanochat: the last layer's parity)."""
+    if self.value_embeds is None:
+      return ()
+    L = self.n_layers
+    return tuple(i for i in range(L) if self.value_embeds == "every" or i % 2 == (L - 1) % 2)
 
   @property
   def padded_vocab(self) -> int:
@@ -400,7 +421,12 @@ class ModelConfig(_Replaceable):
     """A named shape from SPEC §1, e.g. `ModelConfig.preset("smollm2-135m", recurrence=...)`."""
     if name not in PRESETS:
       invalid("preset", name, f"one of {sorted(PRESETS)}")
-    return cls(**{**PRESETS[name], **overrides})
+    fields = {**PRESETS[name], **overrides}
+    rec = fields.get("recurrence")
+    if (isinstance(rec, LRTConfig) or (isinstance(rec, dict) and rec.get("type") == "lrt")) \
+        and "value_embeds" not in overrides:
+      fields["value_embeds"] = None    # as the release: LRT's own value embeddings replace them
+    return cls(**fields)
 
   def num_params(self) -> int:
     """Parameter count (embedding counted once when tied)."""
@@ -412,6 +438,7 @@ class ModelConfig(_Replaceable):
     per_layer = attn + mlp + norms + int(self.resid_lambdas) + int(self.x0_lambdas)
     V = self.padded_vocab
     total = V * D + self.n_layers * per_layer + (D if self.norm_scale else 0)
+    total += len(self.value_embed_layers) * (V * kv + (self.ve_gate_channels or D) * self.n_kv_heads)
     if not self.tie_embeddings:
       total += D * V
     rec = self.recurrence

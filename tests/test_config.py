@@ -87,3 +87,13 @@ def test_llama3_rope_scaling_runs():
   out = forward(params, cfg, random_tokens(cfg, 1, 8), mode="parallel")
   ref = forward(params, cfg.replace(rope_scaling=None), random_tokens(cfg, 1, 8), mode="parallel")
   assert np.isfinite(out).all() and float(np.abs(out - ref).max()) > 0
+
+
+def test_nanochat_presets():
+  from t2mlr_jax import ModelConfig
+  d12, d20 = ModelConfig.preset("nanochat-d12"), ModelConfig.preset("nanochat-d20")
+  assert (d12.n_layers, d12.d_model, d12.n_heads, d12.head_dim) == (12, 768, 6, 128)
+  assert (d20.n_layers, d20.d_model, d20.n_heads, d20.head_dim) == (20, 1280, 10, 128)
+  assert d20.vocab_size == 32768 and d20.max_seq_len == 2048 and not d20.tie_embeddings
+  assert d12.layer_windows[:4] == (1024, 1024, 1024, 2048) and d12.layer_windows[-1] == 2048
+  assert ModelConfig().layer_windows is None and ModelConfig().padded_vocab == 256

@@ -145,7 +145,7 @@ def test_parallel_jacobi_prefill_capped_at_T_equals_exact(model):
   np.testing.assert_array_equal(jac_new, exact_new)
   from t2mlr_jax.model import modes
   inp = modes.seq_inputs(jnp.asarray(prompt))
-  _, aux, _ = modes.jacobi_prefill(params, cfg, jnp.asarray(prompt), inp, tol=1e-6)
+  aux = modes.jacobi_prefill(params, cfg, jnp.asarray(prompt), inp, tol=1e-6).aux
   assert 1 <= int(aux["jacobi_sweeps"]) <= 12
 
 

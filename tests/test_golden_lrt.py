@@ -105,3 +105,23 @@ def test_unsupported_official_config(golden):
     from_official_lrt(sd, {**meta["gpt_config"], "use_interleaved": False})
   with pytest.raises(ValueError, match="ignore"):
     from_official_lrt({**sd, "extra.weight": np.zeros(3)}, meta["gpt_config"])
+
+
+def test_plain_nanochat_with_value_embeddings():
+  """The release's plain GPT (use_interleaved=False: value embeddings on alternating
+  layers, no recurrence), tests/golden/nanochat_plain_small.*: logits, loss and every
+  gradient by official name."""
+  z = dict(np.load(os.path.join(GOLDEN, "nanochat_plain_small.npz")))
+  meta = json.load(open(os.path.join(GOLDEN, "nanochat_plain_small.json")))
+  names = [k for k in z if "/" not in k and k not in ("tokens", "targets", "logits", "loss")]
+  cfg, params = from_official_lrt({n: z[n] for n in names}, meta["gpt_config"])
+  assert cfg.recurrence is None and cfg.value_embed_layers == (1, 3)
+  assert set(to_official_lrt(cfg, params)) == set(names)
+  logits = t2mlr_jax.forward(params, cfg, z["tokens"], mode="parallel")
+  np.testing.assert_allclose(logits, z["logits"], atol=LOGITS, rtol=0)
+  value, grads = jax.value_and_grad(
+      lambda p: t2mlr_jax.loss(p, cfg, z["tokens"], mode="parallel", targets=z["targets"]))(params)
+  np.testing.assert_allclose(value, z["loss"], atol=LOSS, rtol=0)
+  ours = to_official_lrt(cfg, grads)
+  for name in names:
+    _grad_close(ours[name], z["grad/" + name], name)

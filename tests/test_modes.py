@@ -182,3 +182,33 @@ def test_bf16_compute_keeps_fp32_params_and_recurrence():
   h = jnp.ones((1, 2, cfg.d_model), jnp.bfloat16)
   z = rec.write(params["recurrence"], bf16, h, jnp.zeros((1, 2, cfg.d_model)), jnp.array([[2, 2]]))
   assert z.dtype == jnp.float32
+
+
+def test_nanochat_backbone_options_in_every_mode():
+  """T2MLR over nanochat's backbone (windows that mask, α/β, QK-norm, relu², softcap,
+  padded vocabulary, value embeddings): Jacobi with D_f = T is exact, and decoding
+  follows exact."""
+  from t2mlr_jax import generate
+  cfg = tiny_cfg(norm_scale=False, embed_norm=True, qk_norm=True, mlp_type="relu2",
+                 logit_softcap=10.0, resid_lambdas=True, x0_lambdas=True, window_pattern="SSL",
+                 window_short=3, pad_vocab_to=16, max_seq_len=16, value_embeds="alternating",
+                 ve_gate_channels=8)
+  params = active_params(cfg)
+  assert cfg.value_embed_layers == (1, 3)
+  assert cfg.num_params() == sum(a.size for a in jax.tree.leaves(params))
+  ve = params["value_embeds"]
+  params = {**params, "value_embeds": {**ve, "gate": 0.5 + ve["gate"]}}
+  tokens = random_tokens(cfg, 2, 10)
+  exact = forward(params, cfg, tokens, mode="exact")
+  jac = forward(params, cfg, tokens, mode="jacobi", d_forward=10, d_backward=2)
+  assert max_abs(exact, jac) <= 1e-5
+  full = forward(params, cfg.replace(window_pattern=None, window_short=None), tokens,
+                 mode="exact")
+  assert max_abs(exact, full) > 1e-3                     # the windows do mask
+  zero_ve = {**params, "value_embeds": {**params["value_embeds"],
+                                        "embedding": 0 * params["value_embeds"]["embedding"]}}
+  assert max_abs(exact, forward(zero_ve, cfg, tokens, mode="exact")) > 1e-4   # VE matter
+  new, step_logits = generate(params, cfg, tokens[:, :6], max_new_tokens=4, return_logits=True)
+  ref = forward(params, cfg, np.concatenate([tokens[:, :6], np.asarray(new)], axis=1),
+                mode="exact")
+  assert max_abs(step_logits, ref[:, 5:9]) <= 1e-5

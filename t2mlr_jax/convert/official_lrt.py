@@ -13,6 +13,10 @@ Official names (linear weights [out, in]; ours [in, out], stacked over layers):
     interleaved_key_projections.i.W_v.weight            layers/memory/w_k[i]   (K feedback)
     interleaved_init_value_embeds.i.weight [Vp, kv]     layers/memory/ve[i]
 
+The release's plain GPT (use_interleaved=False) converts too, as a nanochat backbone
+without recurrence: value_embeds.i.weight [Vp, kv] and transformer.h.i.attn.ve_gate
+[Hkv, C] of its value-embedding layers -> value_embeds/embedding[j], gate[j].
+
 Padded vocabulary rows are kept (`pad_vocab_to`), so official -> ours -> official is
 exact. RoPE: the release rotates the other way ([x1·cos + x2·sin, −x1·sin + x2·cos]).
 We convert it by an exact weight transform instead of a config option: negating the
@@ -56,19 +60,24 @@ def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrid
     raise ValueError(f"official config field(s) {unknown} are not supported: allowed "
                      f"{list(SUPPORTED)}")
   get = lambda k, d: config.get(k, d)
-  if not get("use_interleaved", False):
-    raise ValueError("use_interleaved=False is not supported: allowed True (an LRT model; "
-                     "the release's plain nanochat value embeddings are not implemented)")
+  lrt = bool(get("use_interleaved", False))
   V = int(get("vocab_size", 32768))
   if padded_vocab < V:
     raise ValueError(f"transformer.wte.weight has {padded_vocab} rows < vocab_size={V}")
   pad = 64 if -(-V // 64) * 64 == padded_vocab else padded_vocab
   D, H = int(get("n_embd", 768)), int(get("n_head", 6))
-  rec = LRTConfig(gate_channels=int(get("ve_gate_channels", 32)),
-                  passes=int(get("interleaved_num_passes", 2)),
-                  kv_refresh=bool(get("interleaved_kv_refresh", False)),
-                  **{k: v for k, v in overrides.items() if k in LRTConfig.__dataclass_fields__})
+  C = int(get("ve_gate_channels", 32))
+  rec_over = {k: v for k, v in overrides.items() if k in LRTConfig.__dataclass_fields__}
   model_over = {k: v for k, v in overrides.items() if k not in LRTConfig.__dataclass_fields__}
+  rec, ve = None, None
+  if lrt:       # the interleaved init value embeddings replace the plain ones
+    rec = LRTConfig(gate_channels=C, passes=int(get("interleaved_num_passes", 2)),
+                    kv_refresh=bool(get("interleaved_kv_refresh", False)), **rec_over)
+  elif rec_over:
+    raise ValueError(f"{sorted(rec_over)[0]} is an LRT option: allowed only with "
+                     "use_interleaved=True")
+  elif get("use_value_embeds", True):
+    ve = "every" if get("ve_every_layer", False) else "alternating"
   return ModelConfig(
       vocab_size=V, pad_vocab_to=pad, d_model=D, n_layers=int(get("n_layer", 12)),
       n_heads=H, n_kv_heads=int(get("n_kv_head", H)), d_ff=4 * D,
@@ -77,7 +86,7 @@ def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrid
       mlp_type="relu2", logit_softcap=15.0, resid_lambdas=bool(get("use_resid_lambdas", True)),
       x0_lambdas=bool(get("use_x0_residual", True)),
       window_pattern=get("window_pattern", "SSSL"), tie_embeddings=False,
-      recurrence=rec, **model_over)
+      value_embeds=ve, ve_gate_channels=C, recurrence=rec, **model_over)
 
 
 def _rope_flip(cfg: ModelConfig, kernel_in_out: np.ndarray) -> np.ndarray:
@@ -109,7 +118,7 @@ def from_official_lrt(state_dict_or_path: Union[str, Mapping[str, Any]],
                              **overrides)
   D, L, Vp = cfg.d_model, cfg.n_layers, cfg.padded_vocab
   q_dim, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-  C = cfg.recurrence.gate_channels or D
+  C = (cfg.recurrence.gate_channels if cfg.recurrence else cfg.ve_gate_channels) or D
   h = lambda i, n: f"transformer.h.{i}.{n}.weight"
   stack = lambda f: np.stack([f(i) for i in range(L)])
   lin = lambda n, shape: stack(lambda i: _take(sd, h(i, n), shape).T)
@@ -120,15 +129,16 @@ def from_official_lrt(state_dict_or_path: Union[str, Mapping[str, Any]],
                "o": {"kernel": lin("attn.c_proj", (D, q_dim))}},
       "mlp": {"up": {"kernel": lin("mlp.c_fc", (cfg.d_ff, D))},
               "down": {"kernel": lin("mlp.c_proj", (D, cfg.d_ff))}},
-      "memory": {
+  }
+  if cfg.recurrence is not None:
+    layers["memory"] = {
           "gamma": _take(sd, "interleaved_lambdas", (L,)),
           "gate": stack(lambda i: _take(sd, h(i, "attn.triple_gate"), (3 * cfg.n_kv_heads, C)).T),
           "w_v": stack(lambda i: _take(sd, f"interleaved_projections.{i}.W_v.weight", (kv, D)).T),
           "w_k": _rope_flip(cfg, stack(lambda i: _take(
               sd, f"interleaved_key_projections.{i}.W_v.weight", (kv, D)).T)),
           "ve": stack(lambda i: _take(sd, f"interleaved_init_value_embeds.{i}.weight", (Vp, kv))),
-      },
-  }
+    }
   if cfg.resid_lambdas:
     layers["resid_lambda"] = _take(sd, "resid_lambdas", (L,))
   if cfg.x0_lambdas:
@@ -136,6 +146,13 @@ def from_official_lrt(state_dict_or_path: Union[str, Mapping[str, Any]],
   params = {"embed": {"embedding": _take(sd, "transformer.wte.weight", (Vp, D))},
             "lm_head": {"kernel": _take(sd, "lm_head.weight", (Vp, D)).T},
             "layers": layers}
+  if cfg.value_embeds is not None:
+    ve_layers = cfg.value_embed_layers
+    params["value_embeds"] = {
+        "embedding": np.stack([_take(sd, f"value_embeds.{i}.weight", (Vp, kv))
+                               for i in ve_layers]),
+        "gate": np.stack([_take(sd, h(i, "attn.ve_gate"), (cfg.n_kv_heads, C)).T
+                          for i in ve_layers])}
   expected = set(to_official_lrt(cfg, params))
   extra = sorted(set(sd) - expected)
   if extra:
@@ -147,10 +164,11 @@ def from_official_lrt(state_dict_or_path: Union[str, Mapping[str, Any]],
 def to_official_lrt(cfg: ModelConfig, tree) -> dict:
   """{official name: np.ndarray} of a tree shaped like our params (or its gradients)."""
   rcfg = cfg.recurrence
-  if not isinstance(rcfg, LRTConfig) or rcfg.projection != "layerwise" or not (
-      rcfg.residual and rcfg.key and rcfg.value and rcfg.value_embeds) or rcfg.source_layer != -1:
-    raise ValueError("to_official_lrt needs an LRT model the release can hold: layerwise "
-                     "projections, every feedback path on, source_layer=-1")
+  if rcfg is not None and (not isinstance(rcfg, LRTConfig) or rcfg.projection != "layerwise"
+                           or not (rcfg.residual and rcfg.key and rcfg.value and rcfg.value_embeds)
+                           or rcfg.source_layer != -1):
+    raise ValueError("to_official_lrt needs a model the release can hold: no recurrence, or "
+                     "LRT with layerwise projections, every feedback path on, source_layer=-1")
   if cfg.norm_scale or cfg.mlp_type != "relu2" or cfg.tie_embeddings or not cfg.qk_norm:
     raise ValueError("to_official_lrt needs the nanochat backbone (norm_scale=False, "
                      "qk_norm, mlp_type='relu2', untied head)")
@@ -162,19 +180,25 @@ def to_official_lrt(cfg: ModelConfig, tree) -> dict:
     out["resid_lambdas"] = a(lay["resid_lambda"])
   if cfg.x0_lambdas:
     out["x0_lambdas"] = a(lay["x0_lambda"])
-  out["interleaved_lambdas"] = a(lay["memory"]["gamma"])
   q = _rope_flip(cfg, a(lay["attn"]["q"]["kernel"]))
   k = _rope_flip(cfg, a(lay["attn"]["k"]["kernel"]))
-  w_k = _rope_flip(cfg, a(lay["memory"]["w_k"]))
+  for j, i in enumerate(cfg.value_embed_layers):
+    out[f"value_embeds.{i}.weight"] = a(tree["value_embeds"]["embedding"][j])
+    out[f"transformer.h.{i}.attn.ve_gate.weight"] = a(tree["value_embeds"]["gate"][j]).T
   for i in range(cfg.n_layers):
     p = f"transformer.h.{i}."
     out[p + "attn.c_q.weight"] = q[i].T
     out[p + "attn.c_k.weight"] = k[i].T
     out[p + "attn.c_v.weight"] = a(lay["attn"]["v"]["kernel"][i]).T
     out[p + "attn.c_proj.weight"] = a(lay["attn"]["o"]["kernel"][i]).T
-    out[p + "attn.triple_gate.weight"] = a(lay["memory"]["gate"][i]).T
     out[p + "mlp.c_fc.weight"] = a(lay["mlp"]["up"]["kernel"][i]).T
     out[p + "mlp.c_proj.weight"] = a(lay["mlp"]["down"]["kernel"][i]).T
+  if rcfg is None:
+    return out
+  out["interleaved_lambdas"] = a(lay["memory"]["gamma"])
+  w_k = _rope_flip(cfg, a(lay["memory"]["w_k"]))
+  for i in range(cfg.n_layers):
+    out[f"transformer.h.{i}.attn.triple_gate.weight"] = a(lay["memory"]["gate"][i]).T
     out[f"interleaved_projections.{i}.W_v.weight"] = a(lay["memory"]["w_v"][i]).T
     out[f"interleaved_key_projections.{i}.W_v.weight"] = w_k[i].T
     out[f"interleaved_init_value_embeds.{i}.weight"] = a(lay["memory"]["ve"][i])

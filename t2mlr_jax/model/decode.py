@@ -1,9 +1,9 @@
 """Decoding: exact prefill, then one token per step with a preallocated KV cache.
 
 The decode state is a pytree: per-layer KV caches, the one H-vector of
-recurrent state per sequence (T2MLR's cache R, LRT's memory m: whatever the
-recurrence type carries, `recurrence/__init__.py`), which cache slots hold real tokens, the next slot
-and each row's next position id. Prompts are left-padded (real tokens
+recurrent state per sequence (T2MLR's cache R, LRT's memory m: what the
+recurrence type carries, `recurrence/__init__.py`), which cache slots hold real
+tokens, the next slot and each row's next position id. Prompts are left-padded (real tokens
 right-aligned, as Hugging Face does with padding_side="left"), so every row
 writes the same cache slot at every step. Generation runs under one jit as a
 `lax.while_loop` that stops early once every row has emitted EOS.
@@ -24,7 +24,8 @@ from t2mlr_jax.model.layers import KV, attention_mask, rope_tables, to_cache
 from t2mlr_jax.model.modes import (SeqInputs, check_tokens, exact, jacobi_prefill, parallel,
                                    side_inputs)
 from t2mlr_jax.model.recurrence import t2mlr as rec
-from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers, split_layers
+from t2mlr_jax.model.transformer import (LayerCtx, embed, head, run_layers, split_layers,
+                                        value_embed_inputs)
 
 PREFILLS = ("exact", "jacobi")
 
@@ -49,14 +50,11 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
   B, T = tokens_BT.shape
   if cfg.recurrence is not None and recurrent_prompt:
     run = exact if method == "exact" else functools.partial(jacobi_prefill, tol=tol)
-    logits, _, (kvs, R) = run(params, cfg, tokens_BT, inp, last_only=True)
   else:
-    logits, kvs, outs = parallel(params, cfg, tokens_BT, inp, last_only=True)
+    run = parallel
+  logits, _, kvs, R = run(params, cfg, tokens_BT, inp, last_only=True)
+  if R is None:
     R = rec.zero_state(cfg, B)
-    if cfg.recurrence is not None:
-      last_cf = inp.control_flow[:, -1:]
-      R = recurrence.of(cfg).carry(params, cfg, outs["middle"][:, -1:], R[:, None],
-                                   last_cf)[:, 0]
   per_layer = tuple(to_cache(KV(kvs[name].k[i], kvs[name].v[i]), cache_len)
                     for name, lo, hi in cfg.segments for i in range(hi - lo))
   valid = jnp.pad(inp.control_flow != rec.CF_PAD, ((0, 0), (0, cache_len - T)))
@@ -89,8 +87,8 @@ def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B, layers=No
       x, _ = kind.enter(params, cfg, x, R_read, cf)
       mem = kind.memory(cfg, R_read, cf)
     side = side_inputs(params, cfg, x0, tok, dist, mem)
-    x, caches = run_layers(layers[lo:hi], cfg, x, LayerCtx(rope, mask, side), lo,
-                           state.kv[lo:hi], idx)
+    ctx = LayerCtx(rope, mask, side, value_embed_inputs(params, cfg, tok))
+    x, caches = run_layers(layers[lo:hi], cfg, x, ctx, lo, state.kv[lo:hi], idx)
     kv.extend(caches)
     if name == "middle":
       R = kind.carry(params, cfg, x, R_read, cf)[:, 0]

@@ -16,23 +16,15 @@ g_fb0 the pass-0 gate.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model.layers import KV, apply_rope, rms_normalize, rope_tables
-from t2mlr_jax.model.modes import SeqInputs, _context, _segments, side_inputs
+from t2mlr_jax.model.modes import ModeOut, SeqInputs, _context, _segments, side_inputs
 from t2mlr_jax.model.recurrence import lrt
 from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers
-
-
-class Interleaved(NamedTuple):
-  """What `interleaved` returns beside the merged logits."""
-  pass_logits: tuple     # (pass 0 [B, T, V], pass 1 [B, |P_1|, V], ..., pass S)
-  h_final: jnp.ndarray   # [B, T, D] merged memory source after the last pass
 
 
 def pass_positions(T: int, passes: int) -> tuple:
@@ -90,8 +82,9 @@ def _refresh(params, cfg, inp, rope, buf: KV, k_pre, g_fb, old, H, unvisited):
 
 def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int,
                 kv_refresh: bool):
-  """Merged logits [B, T, V] (each position from the last pass that computed it) and
-  `Interleaved` (per-pass logits, merged h_final)."""
+  """ModeOut: merged logits [B, T, V] (each position from the last pass that computed
+  it); aux: pass_logits (pass 0 [B, T, V], pass p [B, |P_p|, V]) and h_final [B, T, D],
+  the merged memory source after the last pass."""
   B, T = tokens_BT.shape
   sets = pass_positions(T, passes)
   x0 = embed(params, cfg, tokens_BT)
@@ -140,4 +133,4 @@ def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int
     pass_logits.append(logits)
     merged = merged.at[:, P].set(logits)
     visited[P] = True
-  return merged, Interleaved(tuple(pass_logits), H)
+  return ModeOut(merged, {"pass_logits": tuple(pass_logits), "h_final": H})

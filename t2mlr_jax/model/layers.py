@@ -328,6 +328,16 @@ class MLP(nn.Module):
     return swiglu(x_BTD.astype(dt), w_gate, w_up, w_down)
 
 
+def value_embed_mixer(cfg: ModelConfig, a_BTD, rows_BTF, gate_CM):
+  """nanochat's value embeddings: v += 2σ(a[:C] W) · ve[token], one gate per KV head."""
+  B, T, _ = a_BTD.shape
+  C = cfg.ve_gate_channels or cfg.d_model
+  g = 2.0 * jax.nn.sigmoid(a_BTD[..., :C].astype(jnp.float32) @ gate_CM)
+  g = g.astype(compute_dtype(cfg))[..., None]
+  rows = rows_BTF.astype(compute_dtype(cfg)).reshape(B, T, cfg.n_kv_heads, cfg.head_dim)
+  return lambda k, v: (k, v + g * rows, None)
+
+
 class LayerSide(NamedTuple):
   """What a layer reads besides x, shared by all layers of one call (None: unused).
 
@@ -348,13 +358,15 @@ class Block(nn.Module):
   """Pre-norm decoder block; returns (x_out, KV): the sequence's own keys/values, or
   with a cache, the cache with this token's keys written at `index`.
 
-  `window`: this layer's attention window (None: full). With `side.memory` the
-  recurrence's per-layer module (`recurrence.layer_module`) adds its memory paths."""
+  `window`: this layer's attention window (None: full). `ve`: (value-embedding rows
+  [B, T, N_kv·K], gate kernel [C, N_kv]) of this layer (`value_embeds`; zeros on layers
+  without a table). With `side.memory` the recurrence's per-layer module
+  (`recurrence.layer_module`) adds its memory paths."""
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None,
-               side: Optional[LayerSide] = None, window=None):
+               side: Optional[LayerSide] = None, window=None, ve=None):
     cfg = self.cfg
     dt = compute_dtype(cfg)
     x = x_BTD
@@ -373,6 +385,8 @@ class Block(nn.Module):
     h = norm(cfg, "attn_norm")(x)
     if side is not None and side.memory is not None:
       mix = memory.mixer(h, side)
+    elif ve is not None:
+      mix = value_embed_mixer(cfg, h, *ve)
     a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index, mix)
     x = x + a
     h = norm(cfg, "mlp_norm")(x)

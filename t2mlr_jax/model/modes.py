@@ -30,10 +30,20 @@ from t2mlr_jax.model import transformer
 from t2mlr_jax.model.layers import (KV, LayerSide, Rope, attention_mask, from_cache,
                                     rope_tables, to_cache)
 from t2mlr_jax.model.recurrence import t2mlr as rec
-from t2mlr_jax.model.transformer import LayerCtx, embed, head
+from t2mlr_jax.model.transformer import LayerCtx, embed, head, value_embed_inputs
 
 MODES = ("parallel", "exact", "jacobi", "interleaved")
 TRAINING_MODES = {T2MLRConfig: "jacobi", LRTConfig: "interleaved"}
+
+
+class ModeOut(NamedTuple):
+  """What every mode returns. logits [B, T, V] fp32 ([B, 1, V] with last_only); aux: the
+  mode's metrics; kvs: {segment: stacked keys/values} and state [B, D]: the recurrent
+  state after the last position (the modes a prefill can use)."""
+  logits: jnp.ndarray
+  aux: dict
+  kvs: Optional[dict] = None
+  state: Optional[jnp.ndarray] = None
 
 
 class SeqInputs(NamedTuple):
@@ -78,7 +88,8 @@ def _context(params, cfg: ModelConfig, inp: SeqInputs, tokens_BT, x0_BTD) -> Lay
   dist = jnp.arange(T)[:, None] - jnp.arange(T)[None, :]
   zero = jnp.zeros((B, T, cfg.d_model), jnp.float32) if uses_memory(cfg) else None
   side = side_inputs(params, cfg, x0_BTD, tokens_BT, dist[None], zero)
-  return LayerCtx(rope_tables(cfg, inp.positions), mask, side)
+  return LayerCtx(rope_tables(cfg, inp.positions), mask, side,
+                  value_embed_inputs(params, cfg, tokens_BT))
 
 
 def _segments(params, cfg, unrolled=()) -> dict:
@@ -117,22 +128,29 @@ def _logits(params, cfg: ModelConfig, y_BTD, last_only: bool):
 
 
 def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False):
-  """Every position at once with no memory; also the per-segment KVs and outputs (for
-  prefill). `last_only`: logits of the last position only (what prefill needs)."""
+  """Every position at once with no memory; also the per-segment KVs and the state the
+  last position leaves (for a non-recurrent prompt's prefill). `last_only`: logits of
+  the last position only (what prefill needs)."""
   x = embed(params, cfg, tokens_BT)
   ctx = _context(params, cfg, inp, tokens_BT, x)
   segs, kvs, outs = _segments(params, cfg), {}, {}
   for name, _, _ in cfg.segments:
     x, kvs[name] = _run(segs, cfg, name, x, ctx)
     outs[name] = x
-  return _logits(params, cfg, x, last_only), kvs, outs
+  state = None
+  if cfg.recurrence is not None:
+    B = tokens_BT.shape[0]
+    state = recurrence.of(cfg).carry(params, cfg, outs["middle"][:, -1:],
+                                     rec.zero_state(cfg, B)[:, None],
+                                     inp.control_flow[:, -1:])[:, 0]
+  return ModeOut(_logits(params, cfg, x, last_only), {}, kvs, state)
 
 
 # ------------------------------------------------------------------------- exact
 
 
 def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False):
-  """The true recurrence. Returns (logits, aux, (kvs, state after the last token))."""
+  """The true recurrence (all outputs of ModeOut)."""
   B, T = tokens_BT.shape
   kind = recurrence.of(cfg)
   x0 = embed(params, cfg, tokens_BT)
@@ -154,8 +172,8 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
     x, stats = kind.enter(params, cfg, h_B1D, S_read, cf_B1)
     mem = kind.memory(cfg, S_read, cf_B1)
     side = side_inputs(params, cfg, x0_B1D, tok_B1, (t - dist)[None, None], mem)
-    o, caches = transformer.run_layers(layers, cfg, x, LayerCtx(rope_t, mask_B1S, side),
-                                       first, caches, t)
+    ctx_t = LayerCtx(rope_t, mask_B1S, side, value_embed_inputs(params, cfg, tok_B1))
+    o, caches = transformer.run_layers(layers, cfg, x, ctx_t, first, caches, t)
     S_new = kind.carry(params, cfg, o, S_read, cf_B1)[:, 0]
     return (S_new, caches), (o[:, 0], stats, None if mem is None else mem[:, 0])
 
@@ -163,7 +181,7 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   rope_t = None if rope is None else Rope(time_major(rope.cos_BTK), time_major(rope.sin_BTK))
   xs = (time_major(h_lo), time_major(cf), time_major(pos), rope_t, time_major(mask),
         jnp.arange(T), time_major(x0) if cfg.x0_lambdas else None,
-        time_major(tokens_BT) if uses_memory(cfg) else None)
+        time_major(tokens_BT) if uses_memory(cfg) or cfg.value_embeds else None)
   (S_final, caches), (o_TBD, stats, mem_TBD) = jax.lax.scan(
       step, (kind.zero_state(cfg, B), caches), xs)
   kv_mid = jax.tree.map(lambda *a: jnp.stack(a), *(from_cache(c, B) for c in caches))
@@ -173,7 +191,7 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   stats = jax.tree.map(lambda a: jnp.swapaxes(a[:, :, 0], 0, 1), stats)
   kvs = {"lower": kv_lo, "middle": kv_mid, "upper": kv_up}
   kvs = {k: v for k, v in kvs.items() if v is not None}
-  return _logits(params, cfg, y, last_only), kind.stats(stats, cf), (kvs, S_final)
+  return ModeOut(_logits(params, cfg, y, last_only), kind.stats(stats, cf), kvs, S_final)
 
 
 # ------------------------------------------------------------------------ jacobi
@@ -222,7 +240,7 @@ def _iterate(sweep, R, delta, max_sweeps, tol):
 
 def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
            d_backward: int, tol: Optional[float]):
-  """Jacobi fixed-point training forward. Returns (logits, aux)."""
+  """Jacobi fixed-point training forward (logits and aux of ModeOut)."""
   sg = jax.lax.stop_gradient
   # Unrolled over per-layer weights, the sweeps do not re-slice them; with a remat policy
   # the scanned block keeps XLA's peak memory 1.4-2x lower (S5 shape, remat="full").
@@ -232,8 +250,10 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
   h_lo, _ = _run(segs, cfg, "lower", x0, ctx)
   (first, p_mid), p_rec = segs["middle"], params["recurrence"]
   # the no-gradient sweeps see the side inputs under stop_gradient too
-  ctx_sg = ctx if ctx.side is None else ctx._replace(side=ctx.side._replace(
-      x0=None if ctx.side.x0 is None else sg(ctx.side.x0)))
+  ctx_sg = ctx._replace(per_layer=jax.tree.map(sg, ctx.per_layer))
+  if ctx.side is not None:
+    ctx_sg = ctx_sg._replace(side=ctx.side._replace(
+        x0=None if ctx.side.x0 is None else sg(ctx.side.x0)))
   n_grad = min(d_backward, d_forward - 1)      # middle sweeps with gradient
   n_free = d_forward - 1 - n_grad              # middle sweeps without
 
@@ -266,14 +286,13 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
   aux = {"jacobi_residual": sg(delta),
          "jacobi_sweeps": 1 + n_run + n_grad,
          **jax.tree.map(sg, rec.gate_means(gates, inp.control_flow))}
-  return head(params, cfg, y), aux
+  return ModeOut(head(params, cfg, y), aux)
 
 
 def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Optional[float],
                    last_only: bool = False):
   """Exact parallel prefill [ours]: Jacobi sweeps until max|ΔR| < tol, capped at T
-  sweeps (exact by construction then). Same outputs as `exact`, plus (sweeps, residual):
-  (logits, aux, (kvs, R_final))."""
+  sweeps (exact by construction then). Same outputs as `exact`; aux: sweeps, residual."""
   T = tokens_BT.shape[1]
   segs = _segments(params, cfg, unrolled=("middle",))
   x0 = embed(params, cfg, tokens_BT)
@@ -292,7 +311,7 @@ def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Opt
   kvs = {k: v for k, v in (("lower", kv_lo), ("middle", kv_mid), ("upper", kv_up))
          if v is not None}
   aux = {"jacobi_residual": delta, "jacobi_sweeps": 1 + n_run, **rec.gate_means(gates, cf)}
-  return _logits(params, cfg, y, last_only), aux, (kvs, R_final)
+  return ModeOut(_logits(params, cfg, y, last_only), aux, kvs, R_final)
 
 
 # ----------------------------------------------------------------- public entry
@@ -350,15 +369,15 @@ def seq_inputs(tokens, control_flow=None, positions=None, segment_ids=None) -> S
 @functools.partial(jax.jit, static_argnames=("cfg", "mode", "options"))
 def _forward(params, cfg, tokens, inp, mode, options):
   if cfg.recurrence is None or mode == "parallel":
-    return parallel(params, cfg, tokens, inp)[0], {}
-  if mode == "exact":
-    logits, aux, _ = exact(params, cfg, tokens, inp)
-    return logits, aux
-  if mode == "interleaved":
+    out = parallel(params, cfg, tokens, inp)
+  elif mode == "exact":
+    out = exact(params, cfg, tokens, inp)
+  elif mode == "interleaved":
     from t2mlr_jax.model.interleaved import interleaved
-    logits, out = interleaved(params, cfg, tokens, inp, *options)
-    return logits, out._asdict()
-  return jacobi(params, cfg, tokens, inp, *options)
+    out = interleaved(params, cfg, tokens, inp, *options)
+  else:
+    out = jacobi(params, cfg, tokens, inp, *options)
+  return out.logits, out.aux
 
 
 def mode_options(cfg: ModelConfig, mode: str, T: int, d_forward=None, d_backward=None,

@@ -29,6 +29,7 @@ def init_params(cfg: ModelConfig, rng) -> dict:
   """Fresh parameters: N(0, init_std) weights, unit norms, and the recurrence's own
   init (T2MLR: identity, γ = 0; LRT: `LRTConfig.init`)."""
   k_embed, k_layers, k_head, k_rec = jax.random.split(rng, 4)
+  k_ve = jax.random.fold_in(k_embed, 1)
   D, T0, V = cfg.d_model, 1, cfg.padded_vocab
   dummy_x = jnp.zeros((1, T0, D), jnp.float32)
   dummy_mask = jnp.ones((1, T0, T0), bool)
@@ -42,6 +43,11 @@ def init_params(cfg: ModelConfig, rng) -> dict:
   }
   if cfg.norm_scale:
     params["final_norm"] = {"scale": jnp.ones((D,), jnp.float32)}
+  if cfg.value_embeds is not None:
+    n, kv = len(cfg.value_embed_layers), cfg.n_kv_heads * cfg.head_dim
+    params["value_embeds"] = {
+        "embedding": cfg.init_std * jax.random.normal(k_ve, (n, V, kv), jnp.float32),
+        "gate": jnp.zeros((n, cfg.ve_gate_channels or D, cfg.n_kv_heads), jnp.float32)}
   if not cfg.tie_embeddings:
     params["lm_head"] = {"kernel": cfg.init_std * jax.random.normal(
         k_head, (D, V), jnp.float32)}
@@ -106,10 +112,26 @@ def _remat(cfg: ModelConfig, fn):
 
 
 class LayerCtx(NamedTuple):
-  """What every layer of one call shares: RoPE tables, the attention mask, side inputs."""
+  """What every layer of one call shares: RoPE tables, the attention mask, side inputs;
+  and per_layer: inputs with a leading axis over all L layers (`value_embed_inputs`)."""
   rope: Optional[Rope]
   mask: jnp.ndarray
   side: Optional[LayerSide] = None
+  per_layer: Optional[tuple] = None
+
+
+def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:
+  """(rows [L, B, T, N_kv·K], gate kernels [L, C, N_kv]) of `value_embeds`, zeros on the
+  layers without a table (adding zero leaves their values as they are); None when off."""
+  if cfg.value_embeds is None:
+    return None
+  ve = params["value_embeds"]
+  idx = jnp.asarray(cfg.value_embed_layers)
+  rows = ve["embedding"][:, tokens_BT]                               # [n, B, T, kv]
+  L = cfg.n_layers
+  rows = jnp.zeros((L, *rows.shape[1:]), rows.dtype).at[idx].set(rows)
+  gates = jnp.zeros((L, *ve["gate"].shape[1:]), jnp.float32).at[idx].set(ve["gate"])
+  return rows, gates
 
 
 def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=None,
@@ -124,24 +146,28 @@ def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=N
   """
   block = Block(cfg)
 
-  def layer(x, p, kv, window):
-    return block.apply({"params": p}, x, ctx.rope, ctx.mask, kv, index, ctx.side, window)
+  def layer(x, p, kv, window, ve=None):
+    return block.apply({"params": p}, x, ctx.rope, ctx.mask, kv, index, ctx.side, window, ve)
 
   layer = _remat(cfg, layer)
   unrolled = isinstance(layers, tuple)
   n = len(layers) if unrolled else jax.tree.leaves(layers)[0].shape[0]
   wins = None if cfg.layer_windows is None else cfg.layer_windows[first:first + n]
+  ve = None if ctx.per_layer is None else jax.tree.map(lambda a: a[first:first + n],
+                                                       ctx.per_layer)
   if not unrolled and cfg.scan_layers:
     if wins is not None and len(set(wins)) == 1:
       w = wins[0]
-      return jax.lax.scan(lambda x, xs: layer(x, xs[0], xs[1], w), x_BTD, (layers, kvs))
-    xs = (layers, kvs, None if wins is None else jnp.asarray(wins, jnp.int32))
+      return jax.lax.scan(lambda x, xs: layer(x, xs[0], xs[1], w, xs[2]), x_BTD,
+                          (layers, kvs, ve))
+    xs = (layers, kvs, None if wins is None else jnp.asarray(wins, jnp.int32), ve)
     return jax.lax.scan(lambda x, xs: layer(x, *xs), x_BTD, xs)
   outs = []
   for i in range(n):
     p = layers[i] if unrolled else jax.tree.map(lambda a: a[i], layers)
     kv = None if kvs is None else (kvs[i] if unrolled else jax.tree.map(lambda a: a[i], kvs))
-    x_BTD, out = layer(x_BTD, p, kv, None if wins is None else wins[i])
+    ve_i = None if ve is None else jax.tree.map(lambda a: a[i], ve)
+    x_BTD, out = layer(x_BTD, p, kv, None if wins is None else wins[i], ve_i)
     outs.append(out)
   return x_BTD, (tuple(outs) if unrolled else jax.tree.map(lambda *a: jnp.stack(a), *outs))
 

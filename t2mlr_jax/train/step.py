@@ -1,7 +1,7 @@
 """Train state, sharded initialisation, the jit-compiled train step, eval logits.
 
 The train step runs the `jacobi` mode for T2MLR models (`parallel` for
-baselines), masks the loss by labels (-100 = not supervised), skips the update
+baselines) through `t2mlr_jax.loss` (negative labels are not supervised), skips the update
 and raises a sticky flag when the loss or gradient is not finite, and returns
 metrics: loss, grad norm, LR, supervised tokens, γ values, gate means, the
 Jacobi residual and the sweeps run.
@@ -18,8 +18,7 @@ import optax
 
 from t2mlr_jax import sharding
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.losses import cross_entropy
-from t2mlr_jax.model.api import AnyModelConfig, apply_model, init_model
+from t2mlr_jax.model.api import AnyModelConfig, init_model, loss as model_loss
 
 class TrainState(flax.struct.PyTreeNode):
   step: jnp.ndarray           # int32 scalar: updates applied
@@ -60,9 +59,12 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh):
   """jit(state, batch) -> (state, metrics); the state buffer is donated."""
 
   def loss_fn(params, batch):
-    logits, aux = apply_model(params, cfg, batch, mode)
-    loss, count = cross_entropy(logits, batch["target_ids"])
-    return loss, (aux, count)
+    value, aux = model_loss(
+        params, cfg, batch["input_ids"], mode=mode, targets=batch["target_ids"],
+        control_flow=batch.get("control_flow"), positions=batch.get("positions"),
+        segment_ids=batch.get("segment_ids"), return_aux=True)
+    count = aux.pop("supervised_tokens")
+    return value, (aux, count)
 
   def step(state: TrainState, batch):
     (loss, (aux, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)

@@ -7,7 +7,7 @@ with a = norm(x): a triple gate g = 2σ(a[:C] W_g,i), one scalar per KV head spl
 
     k = g_local·k + g_fb·(W_k,i m)        v = g_local·v + g_fb·(W_v,i m) + g_ve·ve_i[token]
 
-so the KV cache keeps its shape. m_t is the source layer's normed output at t−1: the
+so the KV cache keeps its shape (with the key path off, k is left as it is). m_t is the source layer's normed output at t−1: the
 LM head's input (source_layer = -1, the release) or the parameter-free-normed output
 of layer k. The interface of `recurrence/__init__.py`: `enter` is the identity (memory
 enters inside the layers, through `memory` and `LRTLayer`); `carry` is the normed
@@ -104,7 +104,8 @@ class LRTLayer(nn.Module):
     v_ve = heads(self.ve[side.tokens]) if rcfg.value_embeds else None
 
     def mix(k, v):
-      k = g_local * k + (g_fb * k_fb if k_fb is not None else 0)
+      if k_fb is not None:          # as the release: without key feedback k is left as is
+        k = g_local * k + g_fb * k_fb
       v = g_local * v
       if v_fb is not None:
         v = v + g_fb * v_fb
