@@ -131,6 +131,19 @@ def test_packed_segments_reset_the_memory():
   assert max_abs(together[:, 5:], forward(params, rel, b, mode="exact")) > 1e-4
 
 
+def test_left_padding_matches_unpadded():
+  cfg = lrt_cfg()
+  params = active(cfg)
+  tokens = random_tokens(cfg, 1, 6, seed=7)
+  padded = np.concatenate([np.zeros((1, 2), np.int32), tokens], axis=1)
+  side = dict(control_flow=np.array([[0, 0] + [2] * 6], np.int32),
+              positions=np.array([[0, 0] + list(range(6))], np.int32))
+  for mode, kw, kw_pad in (("exact", {}, {}), ("interleaved", {"passes": 6}, {"passes": 8})):
+    ref = forward(params, cfg, tokens, mode=mode, **kw)
+    out = forward(params, cfg, padded, mode=mode, **side, **kw_pad)
+    assert max_abs(out[:, 2:], ref) <= 1e-5, mode
+
+
 @pytest.fixture(scope="module")
 def model():
   cfg = lrt_cfg()

@@ -23,7 +23,6 @@ from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.layers import KV, attention_mask, rope_tables, to_cache
 from t2mlr_jax.model.modes import (SeqInputs, check_tokens, exact, jacobi_prefill, parallel,
                                    side_inputs)
-from t2mlr_jax.model.recurrence import t2mlr as rec
 from t2mlr_jax.model.transformer import (LayerCtx, embed, head, run_layers, split_layers,
                                         value_embed_inputs)
 
@@ -54,10 +53,10 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
     run = parallel
   logits, _, kvs, R = run(params, cfg, tokens_BT, inp, last_only=True)
   if R is None:
-    R = rec.zero_state(cfg, B)
+    R = recurrence.zero_state(cfg, B)
   per_layer = tuple(to_cache(KV(kvs[name].k[i], kvs[name].v[i]), cache_len)
                     for name, lo, hi in cfg.segments for i in range(hi - lo))
-  valid = jnp.pad(inp.control_flow != rec.CF_PAD, ((0, 0), (0, cache_len - T)))
+  valid = jnp.pad(inp.control_flow != recurrence.CF_PAD, ((0, 0), (0, cache_len - T)))
   state = DecodeState(per_layer, R, valid, jnp.asarray(T, jnp.int32), inp.positions[:, -1] + 1)
   return logits[:, -1], state
 
@@ -75,7 +74,7 @@ def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B, layers=No
   mask = attention_mask(jnp.full((B, 1), idx), valid)
   pos = state.positions[:, None]
   rope = rope_tables(cfg, pos)
-  cf = jnp.full((B, 1), rec.CF_RECURRENT, jnp.int32)
+  cf = jnp.full((B, 1), recurrence.CF_RECURRENT, jnp.int32)
   tok = token_B[:, None]
   x, R, kv = embed(params, cfg, tok), state.R, []
   x0, mem = x, None
@@ -125,10 +124,10 @@ def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, to
   pad = P - lengths
   t = jnp.arange(P)[None, :]
   valid = t >= pad[:, None]
-  inp = SeqInputs(jnp.where(valid, prompt_control_flow, rec.CF_PAD).astype(jnp.int32),
+  inp = SeqInputs(jnp.where(valid, prompt_control_flow, recurrence.CF_PAD).astype(jnp.int32),
                   jnp.maximum(t - pad[:, None], 0).astype(jnp.int32), None)
   logits, state = prefill(params, cfg, prompt, inp, P + N,
-                          recurrent_prompt=prompt_control_flow == rec.CF_RECURRENT,
+                          recurrent_prompt=prompt_control_flow == recurrence.CF_RECURRENT,
                           method=prefill_method, tol=prefill_tol)
   layers = split_layers(params["layers"])
   keys = jax.random.split(rng, N)

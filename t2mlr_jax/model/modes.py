@@ -83,7 +83,7 @@ def _context(params, cfg: ModelConfig, inp: SeqInputs, tokens_BT, x0_BTD) -> Lay
   (LRT's memory: zero, the parallel full pass)."""
   B, T = tokens_BT.shape
   q_slot = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
-  mask = attention_mask(q_slot, inp.control_flow != rec.CF_PAD,
+  mask = attention_mask(q_slot, inp.control_flow != recurrence.CF_PAD,
                         inp.segment_ids, inp.segment_ids)
   dist = jnp.arange(T)[:, None] - jnp.arange(T)[None, :]
   zero = jnp.zeros((B, T, cfg.d_model), jnp.float32) if uses_memory(cfg) else None
@@ -141,7 +141,7 @@ def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: boo
   if cfg.recurrence is not None:
     B = tokens_BT.shape[0]
     state = recurrence.of(cfg).carry(params, cfg, outs["middle"][:, -1:],
-                                     rec.zero_state(cfg, B)[:, None],
+                                     recurrence.zero_state(cfg, B)[:, None],
                                      inp.control_flow[:, -1:])[:, 0]
   return ModeOut(_logits(params, cfg, x, last_only), {}, kvs, state)
 
@@ -211,7 +211,7 @@ def _sweep(cfg, first, p_mid, p_rec, h_lo, R, ctx, inp: SeqInputs):
 def _sweep0(cfg, first, p_mid, h_lo, ctx, inp: SeqInputs):
   """Sweep 0: the plain middle block; its raw output, shifted, is the first cache."""
   c, _ = _layers((first, p_mid), cfg, h_lo, ctx)
-  c = jnp.where((inp.control_flow == rec.CF_PAD)[..., None], 0.0, c.astype(jnp.float32))
+  c = jnp.where((inp.control_flow == recurrence.CF_PAD)[..., None], 0.0, c.astype(jnp.float32))
   return rec.shift_right(c, inp.positions)
 
 
@@ -358,7 +358,7 @@ def seq_inputs(tokens, control_flow=None, positions=None, segment_ids=None) -> S
   """Fill defaults: control flow all 2, positions from segments (or arange)."""
   B, T = tokens.shape
   if control_flow is None:
-    control_flow = jnp.full((B, T), rec.CF_RECURRENT, jnp.int32)
+    control_flow = jnp.full((B, T), recurrence.CF_RECURRENT, jnp.int32)
   if positions is None:
     positions = (positions_from_segments(segment_ids) if segment_ids is not None
                  else jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T)))

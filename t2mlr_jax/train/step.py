@@ -50,7 +50,7 @@ def state_shardings(cfg: AnyModelConfig, tx, mesh):
 
 def _gamma_metrics(params):
   rec = params.get("recurrence") if isinstance(params, dict) else None
-  if not rec:
+  if not rec or "gamma_rec" not in rec:      # T2MLR's γ only
     return {}
   return {"gamma_rec": rec["gamma_rec"], "gamma_cur": rec["gamma_cur"]}
 

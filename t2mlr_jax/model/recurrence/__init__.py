@@ -37,8 +37,8 @@ from t2mlr_jax.model.recurrence.t2mlr import CF_PAD, CF_PLAIN, CF_RECURRENT
 
 TYPES = {T2MLRConfig: t2mlr, LRTConfig: lrt}
 
-__all__ = ["CF_PAD", "CF_PLAIN", "CF_RECURRENT", "of", "layer_module", "init_params", "lrt",
-           "t2mlr"]
+__all__ = ["CF_PAD", "CF_PLAIN", "CF_RECURRENT", "of", "layer_module", "init_params",
+           "zero_state", "lrt", "t2mlr"]
 
 
 def of(cfg: ModelConfig) -> ModuleType:
@@ -52,3 +52,8 @@ def init_params(cfg: ModelConfig, rng):
 
 def layer_module(cfg: ModelConfig):
   return of(cfg).layer_module
+
+
+def zero_state(cfg: ModelConfig, batch: int):
+  """The state before the first token (also the placeholder of a model without one)."""
+  return (of(cfg) if cfg.recurrence is not None else t2mlr).zero_state(cfg, batch)
