@@ -310,7 +310,8 @@ class ModelConfig(_Replaceable):
     self._check_windows()
     if self.value_embeds not in (None,) + VALUE_EMBEDS:
       invalid("value_embeds", self.value_embeds, f"None or one of {VALUE_EMBEDS}")
-    if not isinstance(self.ve_gate_channels, int) or not 0 <= self.ve_gate_channels <= self.d_model:
+    if self.value_embeds is not None and (not isinstance(self.ve_gate_channels, int)
+                                          or not 0 <= self.ve_gate_channels <= self.d_model):
       invalid("ve_gate_channels", self.ve_gate_channels, f"an integer in [0, d_model={self.d_model}]")
     if isinstance(self.recurrence, dict):
       object.__setattr__(self, "recurrence", recurrence_from_dict(self.recurrence))

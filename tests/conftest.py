@@ -14,3 +14,18 @@ _cache = os.environ.get("T2MLR_TEST_COMPILE_CACHE")
 if _cache:
   jax.config.update("jax_compilation_cache_dir", _cache)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+  """Drop every compiled program after each test module. XLA:CPU maps each executable's
+  code and buffers separately; across the whole suite one process would pass the
+  kernel's vm.max_map_count (65530) and crash in the compiler."""
+  yield
+  jax.clear_caches()
+  gc.collect()

@@ -101,8 +101,10 @@ def test_unsupported_official_config(golden):
   sd = {e["name"]: z[e["name"]] for e in meta["state_dict"]}
   with pytest.raises(ValueError, match="use_moe"):
     from_official_lrt(sd, {**meta["gpt_config"], "use_moe": True})
-  with pytest.raises(ValueError, match="use_interleaved"):
+  with pytest.raises(ValueError, match="missing weight 'value_embeds.1.weight'"):
     from_official_lrt(sd, {**meta["gpt_config"], "use_interleaved": False})
+  with pytest.raises(ValueError, match="passes"):
+    from_official_lrt(sd, {**meta["gpt_config"], "use_interleaved": False}, passes=2)
   with pytest.raises(ValueError, match="ignore"):
     from_official_lrt({**sd, "extra.weight": np.zeros(3)}, meta["gpt_config"])
 
