@@ -1,15 +1,18 @@
 """T2MLR outputs on a tiny model, computed by the public API, for a bitwise guard.
 
-`tests/fixtures/t2mlr_reference.npz` holds what this module computed before the
-recurrence interface was introduced (commit 9fc3e0d): parameters, and the logits,
-aux, losses and gradients of every mode plus generate. `test_t2mlr_reference.py`
-recomputes them with today's code from the stored parameters and asks for equality
-bit for bit, so a refactor of the modes cannot move T2MLR's numbers.
+`tests/fixtures/t2mlr_reference.npz` holds the parameters and tokens, and
+`t2mlr_reference.json` a SHA-256 digest (with dtype, shape and max |x|) of every output
+this module computed before the recurrence interface was introduced (commit 9fc3e0d):
+the logits, aux, losses and gradients of every mode plus generate.
+`test_t2mlr_reference.py` recomputes them with today's code from the stored parameters
+and asks for equality bit for bit, so a refactor of the modes cannot move T2MLR's numbers.
 
 Regenerate (only when a change is meant to move the numbers):
-    python tests/_t2mlr_reference.py tests/fixtures/t2mlr_reference.npz
+    python tests/_t2mlr_reference.py tests/fixtures/t2mlr_reference
 """
 
+import hashlib
+import json
 import os
 import sys
 
@@ -110,6 +113,19 @@ def compute_all(stored_params=None):
   return arrays
 
 
+def digest(a: np.ndarray) -> dict:
+  """What identifies an array bit for bit (plus its max |x|, to say how far it moved)."""
+  a = np.ascontiguousarray(a)
+  return {"sha256": hashlib.sha256(a.tobytes()).hexdigest(), "dtype": str(a.dtype),
+          "shape": list(a.shape),
+          "max_abs": float(np.max(np.abs(a))) if a.size and a.dtype != bool else 0.0}
+
+
+def outputs(arrays: dict) -> dict:
+  """{key: digest} of the computed outputs (not the parameters or tokens)."""
+  return {k: digest(v) for k, v in arrays.items() if not k.startswith("params/") and k != "tokens"}
+
+
 def stored_params(npz):
   out = {}
   for key in npz:
@@ -121,5 +137,8 @@ def stored_params(npz):
 
 if __name__ == "__main__":
   arrays = compute_all()
-  np.savez_compressed(sys.argv[1], **arrays)
-  print(f"wrote {len(arrays)} arrays to {sys.argv[1]}")
+  np.savez_compressed(sys.argv[1] + ".npz", **{k: v for k, v in arrays.items()
+                                               if k.startswith("params/") or k == "tokens"})
+  with open(sys.argv[1] + ".json", "w") as f:
+    json.dump(outputs(arrays), f, indent=1, sort_keys=True)
+  print(f"wrote {sys.argv[1]}.npz and .json ({len(arrays)} arrays)")
