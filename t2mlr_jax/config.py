@@ -242,7 +242,9 @@ class ModelConfig(_Replaceable):
   embedding and head carry rows up to a multiple of it (logits keep vocab_size);
   value_embeds "alternating" (layers with the last layer's parity) or "every": a
   token-indexed table per such layer added to the values, v += 2σ(norm(x)[:C] W) · ve
-  (one gate per KV head, C = ve_gate_channels, 0 = d_model), before RoPE.
+  (one gate per KV head, C = ve_gate_channels, 0 = d_model), before RoPE;
+  rope_table_dtype "bfloat16": the cos/sin tables rounded to bfloat16 and used in fp32,
+  as the LRT release stores them.
   """
   vocab_size: int = 256
   d_model: int = 64
@@ -274,6 +276,7 @@ class ModelConfig(_Replaceable):
   pad_vocab_to: int = 1
   value_embeds: Optional[str] = None
   ve_gate_channels: int = 32
+  rope_table_dtype: str = "float32"
   recurrence: Optional[RecurrenceConfig] = None
 
   def __post_init__(self):
@@ -301,6 +304,8 @@ class ModelConfig(_Replaceable):
       invalid("dtype", self.dtype, f"one of {DTYPES}")
     if self.remat not in REMAT_POLICIES:
       invalid("remat", self.remat, f"one of {REMAT_POLICIES}")
+    if self.rope_table_dtype not in DTYPES:
+      invalid("rope_table_dtype", self.rope_table_dtype, f"one of {DTYPES}")
     if self.mlp_type not in MLP_TYPES:
       invalid("mlp_type", self.mlp_type, f"one of {MLP_TYPES}")
     if self.logit_softcap is not None and not self.logit_softcap > 0:

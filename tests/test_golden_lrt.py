@@ -23,7 +23,8 @@ def golden():
   z = dict(np.load(os.path.join(GOLDEN, "lrt_official_small.npz")))
   meta = json.load(open(os.path.join(GOLDEN, "lrt_official_small.json")))
   names = [e["name"] for e in meta["state_dict"]]
-  cfg, params = from_official_lrt({n: z[n] for n in names}, meta["gpt_config"])
+  cfg, params = from_official_lrt({n: z[n] for n in names}, meta["gpt_config"],
+                                  rope_table_dtype="float32")   # the main arrays' table
   return z, meta, cfg, params
 
 
@@ -96,6 +97,26 @@ def test_kv_refresh_gradients(golden):
     _grad_close(np.concatenate([g.sum(1), g.sum(0)]), ref, name + " (sums)")
 
 
+def test_release_bfloat16_rotary_table(golden):
+  """By default the converter keeps the release's bf16-rounded rotary table: the
+  rope_bf16/* arrays (the release as it runs)."""
+  z, meta, _, params = golden
+  cfg, _ = from_official_lrt({e["name"]: z[e["name"]] for e in meta["state_dict"]},
+                             meta["gpt_config"])
+  assert cfg.rope_table_dtype == "bfloat16"
+  full = t2mlr_jax.forward(params, cfg, z["tokens"], mode="parallel")
+  np.testing.assert_allclose(full, z["rope_bf16/full_logits"], atol=LOGITS, rtol=0)
+  seq = t2mlr_jax.forward(params, cfg, z["tokens"], mode="exact")
+  np.testing.assert_allclose(seq, z["rope_bf16/seq_logits"], atol=LOGITS, rtol=0)
+  merged = t2mlr_jax.forward(params, cfg, z["tokens"], mode="interleaved")
+  np.testing.assert_allclose(merged, z["rope_bf16/interleaved_merged_logits"], atol=LOGITS, rtol=0)
+  value, aux = _loss(params, cfg, z)
+  np.testing.assert_allclose(value, z["rope_bf16/interleaved_loss"], atol=LOSS, rtol=0)
+  np.testing.assert_allclose(aux["per_pass_losses"], z["rope_bf16/interleaved_per_pass_losses"],
+                             atol=LOSS, rtol=0)
+  assert float(np.max(np.abs(full - z["full/logits"]))) > 1e-4   # the rounding matters
+
+
 def test_unsupported_official_config(golden):
   z, meta, _, _ = golden
   sd = {e["name"]: z[e["name"]] for e in meta["state_dict"]}
@@ -116,7 +137,8 @@ def test_plain_nanochat_with_value_embeddings():
   z = dict(np.load(os.path.join(GOLDEN, "nanochat_plain_small.npz")))
   meta = json.load(open(os.path.join(GOLDEN, "nanochat_plain_small.json")))
   names = [k for k in z if "/" not in k and k not in ("tokens", "targets", "logits", "loss")]
-  cfg, params = from_official_lrt({n: z[n] for n in names}, meta["gpt_config"])
+  cfg, params = from_official_lrt({n: z[n] for n in names}, meta["gpt_config"],
+                                  rope_table_dtype="float32")
   assert cfg.recurrence is None and cfg.value_embed_layers == (1, 3)
   assert set(to_official_lrt(cfg, params)) == set(names)
   logits = t2mlr_jax.forward(params, cfg, z["tokens"], mode="parallel")

@@ -22,7 +22,9 @@ exact. RoPE: the release rotates the other way ([x1·cos + x2·sin, −x1·sin +
 We convert it by an exact weight transform instead of a config option: negating the
 second half of every head's rows of c_q, c_k and the key feedback W_k turns the
 release's rotation into ours (RoPE, QK-norm and the gate mix commute with that sign
-flip; q·k is unchanged), so the model runs our one RoPE. `to_official_lrt` applies
+flip; q·k is unchanged), so the model runs our one RoPE. The release stores its
+rotary table in bfloat16; converted configs do too (`rope_table_dtype="bfloat16"`,
+override with "float32" for the exact-table variant). `to_official_lrt` applies
 the same flip (its own inverse), to parameters or to any tree shaped like them
 (gradients compare by official name).
 """
@@ -78,6 +80,7 @@ def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrid
                      "use_interleaved=True")
   elif get("use_value_embeds", True):
     ve = "every" if get("ve_every_layer", False) else "alternating"
+  model_over.setdefault("rope_table_dtype", "bfloat16")
   return ModelConfig(
       vocab_size=V, pad_vocab_to=pad, d_model=D, n_layers=int(get("n_layer", 12)),
       n_heads=H, n_kv_heads=int(get("n_kv_head", H)), d_ff=4 * D,

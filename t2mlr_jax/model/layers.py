@@ -98,7 +98,10 @@ def rope_tables(cfg: ModelConfig, positions_BT) -> Optional[Rope]:
     return None
   freqs = positions_BT.astype(jnp.float32)[..., None] * rope_inv_freq(cfg)
   emb = jnp.concatenate([freqs, freqs], axis=-1)
-  return Rope(jnp.cos(emb), jnp.sin(emb))
+  cos, sin = jnp.cos(emb), jnp.sin(emb)
+  if cfg.rope_table_dtype == "bfloat16":     # the LRT release's table, used in fp32
+    cos, sin = (a.astype(jnp.bfloat16).astype(jnp.float32) for a in (cos, sin))
+  return Rope(cos, sin)
 
 
 def apply_rope(x_BTNK, rope: Optional[Rope]):
