@@ -58,15 +58,10 @@ def _refresh(params, cfg, inp, rope, buf: KV, k_pre, g_fb, old, H, unvisited):
   m = shifted_memory(cfg, H, inp)
   u = jnp.asarray(unvisited)[None, None, :, None, None]
   g = g_fb[..., None]                                              # [L, B, T, M, 1]
-  new = []
-  for i, name in enumerate(("w_k", "w_v")):
-    on = rcfg.key if name == "w_k" else rcfg.value
-    if not on:
-      new.append(None)
-      continue
-    w = _feedback_weights(params, cfg, name)
-    new.append(jnp.einsum("btd,lde->lbte", m, w).reshape(L, B, T, M, K))
-  k_new, v_new = new
+  project = lambda name: jnp.einsum("btd,lde->lbte", m, _feedback_weights(params, cfg, name)
+                                   ).reshape(L, B, T, M, K)
+  k_new = project("w_k") if rcfg.key else None
+  v_new = project("w_v") if rcfg.value else None
   k_old, v_old = old
   keys, values = buf.k, buf.v
   if v_new is not None:

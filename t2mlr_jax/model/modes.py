@@ -62,14 +62,9 @@ def positions_from_segments(segment_ids_BT):
   return t - jax.lax.cummax(jnp.where(start, t, 0), axis=1)
 
 
-def uses_memory(cfg: ModelConfig) -> bool:
-  """Whether the recurrence feeds memory into the layers themselves (LRT)."""
-  return cfg.recurrence is not None and recurrence.layer_module(cfg) is not None
-
-
 def side_inputs(params, cfg: ModelConfig, x0, tokens, dist, memory=None) -> Optional[LayerSide]:
   """The LayerSide this config's layers read (None when they read nothing but x)."""
-  mem = uses_memory(cfg)
+  mem = recurrence.uses_memory(cfg)
   if not (cfg.x0_lambdas or mem or cfg.layer_windows is not None):
     return None
   return LayerSide(x0=x0 if cfg.x0_lambdas else None, memory=memory if mem else None,
@@ -86,7 +81,7 @@ def _context(params, cfg: ModelConfig, inp: SeqInputs, tokens_BT, x0_BTD) -> Lay
   mask = attention_mask(q_slot, inp.control_flow != recurrence.CF_PAD,
                         inp.segment_ids, inp.segment_ids)
   dist = jnp.arange(T)[:, None] - jnp.arange(T)[None, :]
-  zero = jnp.zeros((B, T, cfg.d_model), jnp.float32) if uses_memory(cfg) else None
+  zero = jnp.zeros((B, T, cfg.d_model), jnp.float32) if recurrence.uses_memory(cfg) else None
   side = side_inputs(params, cfg, x0_BTD, tokens_BT, dist[None], zero)
   return LayerCtx(rope_tables(cfg, inp.positions), mask, side,
                   value_embed_inputs(params, cfg, tokens_BT))
@@ -181,7 +176,7 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   rope_t = None if rope is None else Rope(time_major(rope.cos_BTK), time_major(rope.sin_BTK))
   xs = (time_major(h_lo), time_major(cf), time_major(pos), rope_t, time_major(mask),
         jnp.arange(T), time_major(x0) if cfg.x0_lambdas else None,
-        time_major(tokens_BT) if uses_memory(cfg) or cfg.value_embeds else None)
+        time_major(tokens_BT) if recurrence.uses_memory(cfg) or cfg.value_embeds else None)
   (S_final, caches), (o_TBD, stats, mem_TBD) = jax.lax.scan(
       step, (kind.zero_state(cfg, B), caches), xs)
   kv_mid = jax.tree.map(lambda *a: jnp.stack(a), *(from_cache(c, B) for c in caches))

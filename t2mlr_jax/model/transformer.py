@@ -60,7 +60,7 @@ def init_params(cfg: ModelConfig, rng) -> dict:
 
 def init_side(cfg: ModelConfig, x_BTD, tokens_BT) -> Optional[LayerSide]:
   """A LayerSide with every input this config's layers read (for `init_params`)."""
-  uses_memory = recurrence.layer_module(cfg) is not None if cfg.recurrence else False
+  uses_memory = recurrence.uses_memory(cfg)
   if not (cfg.x0_lambdas or uses_memory):
     return None
   shared = None

@@ -38,7 +38,7 @@ from t2mlr_jax.model.recurrence.t2mlr import CF_PAD, CF_PLAIN, CF_RECURRENT
 TYPES = {T2MLRConfig: t2mlr, LRTConfig: lrt}
 
 __all__ = ["CF_PAD", "CF_PLAIN", "CF_RECURRENT", "of", "layer_module", "init_params",
-           "zero_state", "lrt", "t2mlr"]
+           "uses_memory", "zero_state", "lrt", "t2mlr"]
 
 
 def of(cfg: ModelConfig) -> ModuleType:
@@ -52,6 +52,11 @@ def init_params(cfg: ModelConfig, rng):
 
 def layer_module(cfg: ModelConfig):
   return of(cfg).layer_module
+
+
+def uses_memory(cfg: ModelConfig) -> bool:
+  """Whether the recurrence feeds memory into the layers themselves (LRT)."""
+  return cfg.recurrence is not None and layer_module(cfg) is not None
 
 
 def zero_state(cfg: ModelConfig, batch: int):
