@@ -129,8 +129,12 @@ class LRTConfig(_Replaceable):
   gate_channels: channels of norm(x) the triple gate reads (0 = all d_model).
   init: "official" (the release's init_weights) or "identity" (γ = 0 and zero
   feedback weights: a fresh model computes exactly its base transformer).
-  passes: S of interleaved training (positions t ≡ p−1 mod S in pass p).
+  passes: S of interleaved training (positions t ≡ p−1 mod S in pass p) and the number
+  of contiguous chunks of chunked training.
   kv_refresh: re-project not-yet-visited positions' feedback between passes.
+  refine_passes: K of multi-refine training (K full passes after the zero-memory one);
+  refine_weights: its loss weight per pass 0..K (K+1 values; empty = uniform);
+  refine_detach: stop the gradient through the memory between refine passes.
   reset_at_segment_start: memory is zero wherever the position id is 0 (packed
   documents, left padding); False is the release, which zeroes it only at t = 0.
   """
@@ -145,6 +149,9 @@ class LRTConfig(_Replaceable):
   init: str = "official"
   passes: int = 2
   kv_refresh: bool = False
+  refine_passes: int = 3
+  refine_weights: tuple = ()
+  refine_detach: bool = False
   reset_at_segment_start: bool = True
 
   def __post_init__(self):
@@ -154,6 +161,15 @@ class LRTConfig(_Replaceable):
       invalid("recurrence.init", self.init, f"one of {LRT_INITS}")
     if not isinstance(self.passes, int) or self.passes < 1:
       invalid("recurrence.passes", self.passes, "an integer >= 1 (and <= the sequence length)")
+    if not isinstance(self.refine_passes, int) or self.refine_passes < 0:
+      invalid("recurrence.refine_passes", self.refine_passes, "an integer >= 0")
+    weights = tuple(float(w) for w in (self.refine_weights or ()))
+    object.__setattr__(self, "refine_weights", weights)
+    if weights and (len(weights) != self.refine_passes + 1 or min(weights) < 0
+                    or not sum(weights) > 0):
+      invalid("recurrence.refine_weights", self.refine_weights,
+              f"empty (uniform) or refine_passes+1={self.refine_passes + 1} weights >= 0 "
+              "(passes 0..K) with a positive sum")
     if not isinstance(self.gate_channels, int) or self.gate_channels < 0:
       invalid("recurrence.gate_channels", self.gate_channels, "an integer >= 0 (0 = d_model)")
     if not (self.residual or self.key or self.value or self.value_embeds):

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Union
 
+import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.losses import cross_entropy, next_token_labels
+from t2mlr_jax.losses import cross_entropy, next_token_labels, supervised
 from t2mlr_jax.model import lstm
 from t2mlr_jax.model.modes import forward
 from t2mlr_jax.model.transformer import init_params
@@ -42,11 +43,12 @@ def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_m
   not scored). targets [B, T]: position t is scored against targets[t] (label shift 0,
   the release's convention and our S5 data's); any negative target is ignored.
   loss_mask [B, T]: positions whose prediction counts (the others are ignored).
-  mode "interleaved" (LRT): (Σ_p mean CE of pass p over its own positions) / (S+1), each
-  pass's mean over its supervised positions; aux adds per_pass_losses [S+1]. Every other
-  mode: the mean CE of the logits over supervised positions. aux also holds the
-  forward's aux and `supervised_tokens`. mode_options: d_forward, d_backward,
-  jacobi_tol (jacobi); passes, kv_refresh (interleaved).
+  modes "interleaved" / "chunked" (LRT): (Σ_p mean CE of pass p over its own positions)
+  / (S+1), each pass's mean over its supervised positions; "multi_refine": Σ_k w_k·CE_k /
+  Σ_k w_k over passes 0..K (refine_weights; uniform when empty); aux adds
+  per_pass_losses [passes]. Every other mode: the mean CE of the logits over supervised
+  positions. aux also holds the forward's aux and `supervised_tokens`. mode_options:
+  see `forward` (and refine_weights, multi_refine's loss weights).
   """
   tokens = jnp.asarray(tokens)
   if targets is None:
@@ -65,20 +67,30 @@ def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_m
            "segment_ids": segment_ids}
   logits, aux = apply_model(params, cfg, batch, mode, **mode_options)
   aux = dict(aux)
-  if mode == "interleaved" and "pass_logits" in aux:
-    from t2mlr_jax.model.interleaved import pass_positions
-    pass_logits = aux.pop("pass_logits")
-    sets = pass_positions(tokens.shape[1], len(pass_logits) - 1)
-    losses = [cross_entropy(pass_logits[0], labels)[0]]
-    losses += [cross_entropy(lg, labels[:, P])[0] for lg, P in zip(pass_logits[1:], sets)]
-    per_pass = jnp.stack(losses)
-    value = jnp.mean(per_pass)
-    aux["per_pass_losses"] = per_pass
-    count = cross_entropy(pass_logits[0], labels)[1]
+  if "pass_logits" in aux:
+    value, aux["per_pass_losses"] = _pass_losses(cfg, mode, aux.pop("pass_logits"), labels,
+                                                 mode_options)
+    count = jnp.sum(supervised(labels))
   else:
     value, count = cross_entropy(logits, labels)
   aux["supervised_tokens"] = count
   return (value, aux) if return_aux else value
+
+
+def _pass_losses(cfg, mode, pass_logits, labels, given):
+  """(loss, per-pass losses) of an LRT training schedule's passes (see `loss`)."""
+  from t2mlr_jax.model.interleaved import pass_positions
+  from t2mlr_jax.model.modes import mode_options
+  opts = mode_options(cfg, mode, labels.shape[1], **given)
+  if mode == "multi_refine":
+    per_pass = jax.vmap(lambda lg: cross_entropy(lg, labels)[0])(pass_logits)
+    w = jnp.asarray(opts["refine_weights"] or (1.0,) * per_pass.shape[0], jnp.float32)
+    return jnp.sum(w * per_pass) / jnp.sum(w), per_pass
+  sets = pass_positions(labels.shape[1], opts["passes"], mode)
+  losses = [cross_entropy(pass_logits[0], labels)[0]]
+  losses += [cross_entropy(lg, labels[:, P])[0] for lg, P in zip(pass_logits[1:], sets)]
+  per_pass = jnp.stack(losses)
+  return jnp.mean(per_pass), per_pass
 
 
 def num_params(cfg: AnyModelConfig) -> int:

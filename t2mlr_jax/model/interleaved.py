@@ -1,4 +1,6 @@
-"""LRT's interleaved parallel training (SPEC §4; golden/README.md "Interleaved training").
+"""LRT's training schedules: interleaved (SPEC §4; golden/README.md "Interleaved
+training"), and the paper's two baselines, chunked and multi-refine (their semantics are
+ours: see `chunked` and `multi_refine`).
 
 Pass 0 runs every position with zero memory and keeps, per layer, the keys (after the
 gate mix, RoPE and QK-norm) and values (after the mix) of the whole sequence. Pass
@@ -27,11 +29,14 @@ from t2mlr_jax.model.recurrence import lrt
 from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers
 
 
-def pass_positions(T: int, passes: int) -> tuple:
-  """The positions of passes 1..S: t ≡ p−1 (mod S) (uneven passes when S ∤ T)."""
+def pass_positions(T: int, passes: int, mode: str = "interleaved") -> tuple:
+  """The positions of passes 1..S: interleaved, t ≡ p−1 (mod S) (uneven passes when
+  S ∤ T); chunked, S contiguous chunks in order (sizes differ by at most one)."""
   if not 1 <= passes <= T:
     raise ValueError(f"passes={passes!r} is invalid: allowed 1 <= passes <= T={T} "
                      "(the sequence length)")
+  if mode == "chunked":
+    return tuple(np.array_split(np.arange(T), passes))
   return tuple(np.arange(p, T, passes) for p in range(passes))
 
 
@@ -75,15 +80,24 @@ def _refresh(params, cfg, inp, rope, buf: KV, k_pre, g_fb, old, H, unvisited):
   return KV(keys, values), k_pre, (k_new, v_new)
 
 
-def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int,
-                kv_refresh: bool):
-  """ModeOut: merged logits [B, T, V] (each position from the last pass that computed
-  it); aux: pass_logits (pass 0 [B, T, V], pass p [B, |P_p|, V]) and h_final [B, T, D],
-  the merged memory source after the last pass."""
+def _gate_means(inter, layers: int):
+  """[L, 3] mean (local, fb, ve) gates from the per-segment collections of one pass."""
+  parts = [jnp.reshape(i["memory"]["gates"][0], (-1, 3)) for i in inter]
+  out = jnp.concatenate(parts)
+  assert out.shape[0] == layers
+  return jax.lax.stop_gradient(out)
+
+
+def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: tuple,
+                     kv_refresh: bool):
+  """Pass 0 over every position, then one pass per position set in `sets` (the
+  interleaved and chunked schedules). ModeOut: merged logits [B, T, V] (each position
+  from the last pass that computed it); aux: pass_logits (pass 0 [B, T, V], pass p
+  [B, |P_p|, V]), h_final [B, T, D] (the merged memory source after the last pass) and
+  gate_means [L, 3] (local, fb, ve; the refined passes' gates, position-weighted)."""
   B, T = tokens_BT.shape
-  sets = pass_positions(T, passes)
   x0 = embed(params, cfg, tokens_BT)
-  ctx = _context(params, cfg, inp, tokens_BT, x0)
+  ctx = _context(params, cfg, inp, tokens_BT, x0)._replace(collect=True)
   if kv_refresh:
     ctx = ctx._replace(side=ctx.side._replace(keep=True))
   segs = _segments(params, cfg)
@@ -92,7 +106,7 @@ def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int
   # Pass 0: every position, zero memory; keep every layer's keys/values.
   x, bufs, H = x0, [], None
   for name, lo, hi in cfg.segments:
-    x, out = run_layers(segs[name][1], cfg, x, ctx, lo)
+    x, (out, _) = run_layers(segs[name][1], cfg, x, ctx, lo)
     bufs.append(out)
     if lo <= span_end < hi:
       H = lrt.carry(params, cfg, x, None, inp.control_flow)
@@ -106,7 +120,7 @@ def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int
     buf = bufs
   visited = np.zeros(T, bool)
 
-  merged, pass_logits = logits0, [logits0]
+  merged, pass_logits, gates = logits0, [logits0], 0.0
   for P in sets:
     if kv_refresh:
       buf, k_pre, old = _refresh(params, cfg, inp, ctx.rope, buf, k_pre, g_fb, old, H,
@@ -115,17 +129,80 @@ def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int
     pos_P = inp.positions[:, P]
     dist = (P[:, None] - np.arange(T)[None, :])[None]
     side = side_inputs(params, cfg, x0[:, P], tokens_BT[:, P], dist, m)
-    pctx = LayerCtx(rope_tables(cfg, pos_P), ctx.mask[:, P], side)
-    x, new_bufs = x0[:, P], []
+    pctx = LayerCtx(rope_tables(cfg, pos_P), ctx.mask[:, P], side, collect=True)
+    x, new_bufs, inter = x0[:, P], [], []
     for name, lo, hi in cfg.segments:
       layer_buf = jax.tree.map(lambda a: a[lo:hi], buf)
-      x, nb = run_layers(segs[name][1], cfg, x, pctx, lo, layer_buf, P)
+      x, (nb, collected) = run_layers(segs[name][1], cfg, x, pctx, lo, layer_buf, P)
       new_bufs.append(nb)
+      inter.append(collected)
       if lo <= span_end < hi:
         H = H.at[:, P].set(lrt.carry(params, cfg, x, None, inp.control_flow[:, P]))
     buf = jax.tree.map(lambda *a: jnp.concatenate(a), *new_bufs)
     logits = head(params, cfg, x)
     pass_logits.append(logits)
     merged = merged.at[:, P].set(logits)
+    gates = gates + _gate_means(inter, cfg.n_layers) * (len(P) / T)
     visited[P] = True
-  return ModeOut(merged, {"pass_logits": tuple(pass_logits), "h_final": H})
+  return ModeOut(merged, {"pass_logits": tuple(pass_logits), "h_final": H,
+                          "gate_means": gates})
+
+
+def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int,
+                kv_refresh: bool):
+  """LRT's interleaved schedule (SPEC §4): pass p runs t ≡ p−1 (mod S)."""
+  sets = pass_positions(tokens_BT.shape[1], passes, "interleaved")
+  return refine_in_passes(params, cfg, tokens_BT, inp, sets, kv_refresh)
+
+
+def chunked(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int,
+            kv_refresh: bool):
+  """The chunked baseline: pass c refines the c-th of S contiguous chunks, in order.
+
+  The same passes as `interleaved` over contiguous position sets. A chunk reads the
+  merged memory: the refined state of the chunks before it, and pass 0's zero-memory
+  state inside itself, so the true recurrence crosses only chunk boundaries. With
+  chunks of one position this is `exact`; with one chunk, `parallel` plus one full
+  refinement pass fed the shifted pass-0 state.
+  """
+  sets = pass_positions(tokens_BT.shape[1], passes, "chunked")
+  return refine_in_passes(params, cfg, tokens_BT, inp, sets, kv_refresh)
+
+
+def multi_refine(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, refine_passes: int,
+                 refine_detach: bool):
+  """Multi-refine: pass 0 with zero memory, then K full passes, pass k fed m = shift(H)
+  of pass k−1 (with refine_detach, under stop_gradient). After K passes positions
+  0..K are exact; K >= T−1 is `exact`, K = 0 is `parallel`. The K passes run in one
+  `lax.scan`, so compile time does not grow with K. ModeOut: the last pass's logits;
+  aux: pass_logits [K+1, B, T, V], h_final [B, T, D], gate_means [L, 3] (last pass)."""
+  x0 = embed(params, cfg, tokens_BT)
+  ctx = _context(params, cfg, inp, tokens_BT, x0)._replace(collect=True)
+  segs = _segments(params, cfg)
+  span_end = cfg.recurrent_block[1]
+
+  def full_pass(memory):
+    c = ctx._replace(side=ctx.side._replace(memory=memory))
+    x, H, inter = x0, None, []
+    for name, lo, hi in cfg.segments:
+      x, (_, collected) = run_layers(segs[name][1], cfg, x, c, lo)
+      inter.append(collected)
+      if lo <= span_end < hi:
+        H = lrt.carry(params, cfg, x, None, inp.control_flow)
+    return head(params, cfg, x), H, _gate_means(inter, cfg.n_layers)
+
+  logits0, H, gates = full_pass(ctx.side.memory)
+
+  def refine(carry, _):
+    H, _ = carry
+    src = jax.lax.stop_gradient(H) if refine_detach else H
+    logits, H, gates = full_pass(shifted_memory(cfg, src, inp))
+    return (H, gates), logits
+
+  if refine_passes:
+    (H, gates), logits = jax.lax.scan(refine, (H, gates), None, length=refine_passes)
+    pass_logits = jnp.concatenate([logits0[None], logits])
+  else:
+    pass_logits = logits0[None]
+  return ModeOut(pass_logits[-1], {"pass_logits": pass_logits, "h_final": H,
+                                   "gate_means": gates})

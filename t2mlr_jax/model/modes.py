@@ -10,7 +10,7 @@
                  a `fori_loop` (or a tolerance-stopped `while_loop`) on stop-gradient
                  inputs and parameters; the last D_b sweeps with gradient; then the
                  final pass.
-- `interleaved`: LRT's training schedule (`interleaved.py`).
+- `interleaved`, `chunked`, `multi_refine`: LRT's training schedules (`interleaved.py`).
 The decode mode (prefill + one token per step) lives in `decode.py`.
 """
 
@@ -32,8 +32,14 @@ from t2mlr_jax.model.layers import (KV, LayerSide, Rope, attention_mask, from_ca
 from t2mlr_jax.model.recurrence import t2mlr as rec
 from t2mlr_jax.model.transformer import LayerCtx, embed, head, value_embed_inputs
 
-MODES = ("parallel", "exact", "jacobi", "interleaved")
-TRAINING_MODES = {T2MLRConfig: "jacobi", LRTConfig: "interleaved"}
+MODES = ("parallel", "exact", "jacobi", "interleaved", "chunked", "multi_refine")
+# Each recurrence type's training schedules, its default first.
+TRAINING_MODES = {T2MLRConfig: ("jacobi",), LRTConfig: ("interleaved", "chunked", "multi_refine")}
+# The options of each training mode (forward/loss keyword arguments; config defaults).
+MODE_OPTIONS = {"jacobi": ("d_forward", "d_backward", "jacobi_tol"),
+                "interleaved": ("passes", "kv_refresh"), "chunked": ("passes", "kv_refresh"),
+                "multi_refine": ("refine_passes", "refine_weights", "refine_detach")}
+ALL_OPTIONS = tuple(dict.fromkeys(o for opts in MODE_OPTIONS.values() for o in opts))
 
 
 class ModeOut(NamedTuple):
@@ -363,50 +369,61 @@ def seq_inputs(tokens, control_flow=None, positions=None, segment_ids=None) -> S
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mode", "options"))
 def _forward(params, cfg, tokens, inp, mode, options):
+  o = dict(options)
   if cfg.recurrence is None or mode == "parallel":
     out = parallel(params, cfg, tokens, inp)
   elif mode == "exact":
     out = exact(params, cfg, tokens, inp)
-  elif mode == "interleaved":
-    from t2mlr_jax.model.interleaved import interleaved
-    out = interleaved(params, cfg, tokens, inp, *options)
+  elif mode == "jacobi":
+    out = jacobi(params, cfg, tokens, inp, o["d_forward"], o["d_backward"], o["jacobi_tol"])
   else:
-    out = jacobi(params, cfg, tokens, inp, *options)
+    from t2mlr_jax.model import interleaved as schedules
+    if mode == "multi_refine":
+      out = schedules.multi_refine(params, cfg, tokens, inp, o["refine_passes"],
+                                   o["refine_detach"])
+    else:
+      out = getattr(schedules, mode)(params, cfg, tokens, inp, o["passes"], o["kv_refresh"])
   return out.logits, out.aux
 
 
-def mode_options(cfg: ModelConfig, mode: str, T: int, d_forward=None, d_backward=None,
-                 jacobi_tol=None, passes=None, kv_refresh=None) -> tuple:
+def mode_options(cfg: ModelConfig, mode: str, T: int, **given) -> dict:
   """Validate `mode` for cfg's recurrence type and resolve its options against the config
-  (explicit arguments win): jacobi -> (D_f, D_b, tol); interleaved -> (S, kv_refresh)."""
+  (explicit arguments win): {option: value} of MODE_OPTIONS[mode] ({} for the others)."""
   rcfg = cfg.recurrence
   if mode not in MODES:
     raise ValueError(f"mode={mode!r} is invalid: allowed one of {MODES} "
                      "(use t2mlr_jax.generate for decoding)")
-  jacobi_opts = {"d_forward": d_forward, "d_backward": d_backward, "jacobi_tol": jacobi_tol}
-  lrt_opts = {"passes": passes, "kv_refresh": kv_refresh}
+  unknown = sorted(set(given) - set(ALL_OPTIONS))
+  if unknown:
+    raise ValueError(f"unknown option(s) {unknown}: allowed {', '.join(ALL_OPTIONS)} "
+                     f"({'; '.join(f'{m}: {chr(44).join(o)}' for m, o in MODE_OPTIONS.items())})")
+  given = {k: v for k, v in given.items() if v is not None}
   if rcfg is None:
-    return ()
+    return {}
   own = TRAINING_MODES[type(rcfg)]
-  if mode in TRAINING_MODES.values() and mode != own:
+  if mode in MODE_OPTIONS and mode not in own:
     raise ValueError(f"mode={mode!r} is invalid for a {rcfg.type} model: allowed parallel, "
-                     f"exact or {own!r} ({mode} is the training mode of another recurrence type)")
-  foreign = jacobi_opts if isinstance(rcfg, LRTConfig) else lrt_opts
-  given = sorted(k for k, v in foreign.items() if v is not None)
-  if given:
-    raise ValueError(f"{given[0]} is not an option of a {rcfg.type} model: its training mode "
-                     f"is {own!r}")
-  if mode == "jacobi":
-    kw = {k: v for k, v in jacobi_opts.items() if v is not None}
-    r = rcfg.replace(**kw)
-    return (r.d_forward, r.d_backward, r.jacobi_tol)
-  if mode == "interleaved":
-    r = rcfg.replace(**{k: v for k, v in lrt_opts.items() if v is not None})
-    if r.passes > T:
-      raise ValueError(f"passes={r.passes} is invalid: allowed 1 <= passes <= T={T} "
-                       "(the sequence length)")
-    return (r.passes, bool(r.kv_refresh))
-  return ()
+                     f"exact or {' / '.join(repr(m) for m in own)} ({mode} is the training "
+                     "mode of another recurrence type)")
+  mine = {o for m in own for o in MODE_OPTIONS[m]}
+  foreign = sorted(set(given) - mine)
+  if foreign:
+    raise ValueError(f"{foreign[0]} is not an option of a {rcfg.type} model: its training "
+                     f"modes are {own} with options {sorted(mine)}")
+  if mode not in MODE_OPTIONS:
+    return {}
+  names = MODE_OPTIONS[mode]
+  other = sorted(set(given) - set(names))
+  if other:
+    raise ValueError(f"{other[0]} is not an option of mode={mode!r}: allowed {names}")
+  r = rcfg.replace(**given)
+  opts = {k: getattr(r, k) for k in names}
+  if "passes" in opts and opts["passes"] > T:
+    raise ValueError(f"passes={opts['passes']} is invalid: allowed 1 <= passes <= T={T} "
+                     "(the sequence length)")
+  if "kv_refresh" in opts:
+    opts["kv_refresh"] = bool(opts["kv_refresh"])
+  return opts
 
 
 def forward(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=None,
@@ -414,28 +431,27 @@ def forward(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=None,
   """Logits [B, T, V] (fp32) of `tokens` [B, T] under one execution mode.
 
   mode: "parallel" (no memory), "exact" (token-by-token recurrence), or the recurrence
-  type's training mode: "jacobi" (T2MLR; options d_forward, d_backward, jacobi_tol
-  override the config) or "interleaved" (LRT; options passes, kv_refresh).
+  type's training modes: "jacobi" (T2MLR; options d_forward, d_backward, jacobi_tol
+  override the config); LRT: "interleaved" or "chunked" (options passes, kv_refresh),
+  "multi_refine" (refine_passes, refine_detach; refine_weights is the loss's).
   control_flow [B,T]: 0 padding, 1 non-recurrent, 2 recurrent (None: all 2).
   positions [B,T]: RoPE position ids (None: restart at each segment, else arange).
   segment_ids [B,T]: packed documents; attention and the memory do not cross them.
   With return_aux, also a dict: jacobi: jacobi_residual (last sweep's max|R_k - R_{k-1}|),
-  jacobi_sweeps and the mean gates gate_rec/gate_cur; interleaved: pass_logits (pass 0
-  [B,T,V], then pass p's positions t ≡ p−1 mod S) and h_final [B,T,D].
+  jacobi_sweeps and the mean gates gate_rec/gate_cur; interleaved / chunked:
+  pass_logits (pass 0 [B,T,V], then pass p's positions), h_final [B,T,D] and
+  gate_means [L, 3] (local, fb, ve); multi_refine: pass_logits [K+1,B,T,V], h_final,
+  gate_means.
   A model without recurrence computes the same logits in every mode.
   """
-  unknown = sorted(set(mode_opts) - {"d_forward", "d_backward", "jacobi_tol", "passes",
-                                     "kv_refresh"})
-  if unknown:
-    raise ValueError(f"forward() got unknown option(s) {unknown}: allowed d_forward, "
-                     "d_backward, jacobi_tol (jacobi), passes, kv_refresh (interleaved)")
   check_tokens(cfg, tokens)
   tokens = jnp.asarray(tokens, jnp.int32)
   _check_side("control_flow", control_flow, tokens.shape, (0, 1, 2))
   _check_side("positions", positions, tokens.shape)
   _check_side("segment_ids", segment_ids, tokens.shape)
   options = mode_options(cfg, mode, tokens.shape[1], **mode_opts)
+  options.pop("refine_weights", None)          # the loss's, not the forward's
   inp = seq_inputs(tokens, control_flow, positions, segment_ids)
-  logits, aux = _forward(params, cfg, tokens, inp, mode, options)
+  logits, aux = _forward(params, cfg, tokens, inp, mode, tuple(sorted(options.items())))
   chex.assert_shape(logits, (*tokens.shape, cfg.vocab_size))
   return (logits, aux) if return_aux else logits

@@ -113,11 +113,13 @@ def _remat(cfg: ModelConfig, fn):
 
 class LayerCtx(NamedTuple):
   """What every layer of one call shares: RoPE tables, the attention mask, side inputs;
-  and per_layer: inputs with a leading axis over all L layers (`value_embed_inputs`)."""
+  per_layer: inputs with a leading axis over all L layers (`value_embed_inputs`);
+  collect (static): `run_layers` also returns each layer's sown "intermediates"."""
   rope: Optional[Rope]
   mask: jnp.ndarray
   side: Optional[LayerSide] = None
   per_layer: Optional[tuple] = None
+  collect: bool = False
 
 
 def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:
@@ -142,12 +144,17 @@ def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=N
   stacked [n, ...]) or a tuple of per-layer trees (`split_segments`, unrolled; outputs a
   tuple). `kvs`: None (each layer attends over its own keys), per-layer decode caches
   [B·N_kv, S, K] with `index` the slot to write, or per-layer key buffers [B, S, N_kv, K]
-  with `index` the rows to overwrite; in the same form as `layers`.
+  with `index` the rows to overwrite; in the same form as `layers`. With `ctx.collect`
+  each layer's output is (keys/values, its "intermediates" collection).
   """
   block = Block(cfg)
 
   def layer(x, p, kv, window, ve=None):
-    return block.apply({"params": p}, x, ctx.rope, ctx.mask, kv, index, ctx.side, window, ve)
+    args = (x, ctx.rope, ctx.mask, kv, index, ctx.side, window, ve)
+    if not ctx.collect:
+      return block.apply({"params": p}, *args)
+    (y, out), state = block.apply({"params": p}, *args, mutable=["intermediates"])
+    return y, (out, state.get("intermediates", {}))
 
   layer = _remat(cfg, layer)
   unrolled = isinstance(layers, tuple)

@@ -93,6 +93,9 @@ class LRTLayer(nn.Module):
     M, K = cfg.n_kv_heads, cfg.head_dim
     C = rcfg.gate_channels or cfg.d_model
     g = 2.0 * jax.nn.sigmoid(a_BTD[..., :C].astype(jnp.float32) @ self.gate)   # [B, T, 3M]
+    # mean [local, fb, ve] gate over every position and head, kept only when the caller
+    # asks for "intermediates" (`LayerCtx.collect`, the training schedules' metrics)
+    self.sow("intermediates", "gates", jnp.mean(g.reshape(B * T, 3, M), axis=(0, 2)))
     g = g.astype(dt)[..., None]
     g_local, g_fb, g_ve = g[:, :, :M], g[:, :, M:2 * M], g[:, :, 2 * M:]
     m = side.memory
