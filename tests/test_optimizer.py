@@ -58,3 +58,89 @@ def test_gamma_gets_no_weight_decay():
   upd, _ = tx.update(zero, tx.init(params), params)
   assert float(upd["recurrence"]["gamma_rec"]) == 0.0
   assert float(jnp.abs(upd["recurrence"]["w_rec"]["kernel"]).max()) > 0
+
+
+def _lrt_nanochat_params():
+  from test_recurrence_lrt import lrt_cfg
+  cfg = lrt_cfg(projection="shared")
+  return cfg, init_params(cfg, jax.random.PRNGKey(0))
+
+
+def test_muon_groups_follow_nanochat():
+  from t2mlr_jax.train.optimizer import param_groups
+  cfg, params = _lrt_nanochat_params()
+  g = param_groups(params)
+  layers = g["layers"]
+  for name in ("q", "k", "v", "o"):
+    assert layers["attn"][name]["kernel"] == "matrices"
+  assert layers["mlp"]["up"]["kernel"] == layers["mlp"]["down"]["kernel"] == "matrices"
+  assert layers["memory"]["gate"] == "matrices"                   # [L, C, 3M] per layer 2-D
+  assert g["recurrence"]["w_k"] == g["recurrence"]["w_v"] == "matrices"   # shared [D, kv]
+  assert g["embed"]["embedding"] == "embeddings" and layers["memory"]["ve"] == "embeddings"
+  assert g["lm_head"]["kernel"] == "unembedding"
+  for scalar in (layers["resid_lambda"], layers["x0_lambda"], layers["memory"]["gamma"]):
+    assert scalar == "scalars"
+  # the Llama backbone with T2MLR: norm scales and gate biases are scalars, W_rec a matrix
+  t = param_groups(init_params(tiny_cfg(), jax.random.PRNGKey(0)))
+  assert t["layers"]["attn_norm"]["scale"] == t["final_norm"]["scale"] == "scalars"
+  assert t["recurrence"]["w_rec"]["kernel"] == "matrices"
+  assert t["recurrence"]["f_rec"]["bias"] == t["recurrence"]["gamma_rec"] == "scalars"
+  assert set(jax.tree.leaves(g)) | set(jax.tree.leaves(t)) == {
+      "matrices", "embeddings", "unembedding", "scalars"}
+
+
+def test_muon_orthogonalizes_each_stacked_layer_on_its_own():
+  """The stacked [L, in, out] kernels get Muon per layer (the layer axis a batch axis):
+  layer i's first update equals optax's Muon on that 2-D matrix alone, with the group LRs."""
+  from optax import contrib
+  cfg, params = _lrt_nanochat_params()
+  oc = _opt(name="muon", warmup_frac=0.0, min_lr_frac=1.0, grad_clip=0.0,
+            dmodel_lr_scale=False)
+  tx, schedule = make_optimizer(oc, 10, d_model=cfg.d_model)
+  grads = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(p.size), p.shape),
+                       params)
+  upd, _ = tx.update(grads, tx.init(params), params)
+  assert float(schedule(0)) == pytest.approx(oc.matrix_lr)
+  g_up = grads["layers"]["mlp"]["up"]["kernel"]
+  ref_tx = contrib.muon(oc.matrix_lr, beta=oc.muon_momentum, weight_decay=oc.weight_decay)
+  for i in range(cfg.n_layers):
+    ref, _ = ref_tx.update(g_up[i], ref_tx.init(g_up[i]), params["layers"]["mlp"]["up"]["kernel"][i])
+    np.testing.assert_allclose(upd["layers"]["mlp"]["up"]["kernel"][i], ref, rtol=2e-4, atol=1e-6)
+  # AdamW groups: the first Adam step is -lr·sign(g) (up to eps)
+  for leaf, lr in ((upd["embed"]["embedding"], oc.embedding_lr),
+                   (upd["lm_head"]["kernel"], oc.unembedding_lr),
+                   (upd["layers"]["memory"]["gamma"], oc.scalar_lr),
+                   (upd["layers"]["resid_lambda"], oc.scalar_lr * 0.01)):
+    np.testing.assert_allclose(np.abs(np.asarray(leaf)), lr, rtol=1e-3)
+
+
+def test_recurrence_lr_mult_under_muon_scales_every_recurrence_leaf():
+  cfg, params = _lrt_nanochat_params()
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)
+  upd = {}
+  for mult in (1.0, 10.0):
+    tx, _ = make_optimizer(_opt(name="muon", warmup_frac=0.0, grad_clip=0.0,
+                                recurrence_lr_mult=mult), 10, d_model=cfg.d_model)
+    upd[mult], _ = tx.update(grads, tx.init(params), params)
+  for path in (("recurrence", "w_k"), ("layers", "memory", "gamma"), ("layers", "memory", "ve")):
+    a, b = upd[10.0], upd[1.0]
+    for k in path:
+      a, b = a[k], b[k]
+    np.testing.assert_allclose(a, 10.0 * b, rtol=1e-5)
+  np.testing.assert_array_equal(upd[10.0]["layers"]["mlp"]["up"]["kernel"],
+                                upd[1.0]["layers"]["mlp"]["up"]["kernel"])
+
+
+def test_bad_optimizer_name_or_group_option_is_a_clear_error():
+  from t2mlr_jax.train.config import validate
+  with pytest.raises(ValueError, match=r"optimizer.name='lion' is invalid: allowed one of \('adamw', 'muon'\)"):
+    make_optimizer(_opt(name="lion"), 10)
+  import os, sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
+  import lrt_nanochat
+  for field, value, allowed in (("matrix_lr", 0.0, "> 0"), ("adam_b1", 1.5, "in \\[0, 1\\)"),
+                                ("muon_momentum", -0.1, "in \\[0, 1\\)")):
+    c = lrt_nanochat.get_config("tiny")
+    c.optimizer[field] = value
+    with pytest.raises(ValueError, match=f"optimizer.{field}={value!r} is invalid: allowed {allowed}"):
+      validate(c)

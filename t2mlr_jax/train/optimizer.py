@@ -1,6 +1,28 @@
-"""Optimizer (SPEC §6): AdamW, linear warm-up + cosine to a minimum LR, grad-norm
-clipping, no weight decay on γ / norms / biases, an LR multiplier for the
-recurrence parameters (×100 when fine-tuning a pretrained model)."""
+"""Optimizers (SPEC §6): AdamW or Muon, both with linear warm-up + cosine to a minimum LR,
+grad-norm clipping and an LR multiplier for the recurrence's parameters (×100 when
+fine-tuning a pretrained model).
+
+- `adamw`: one AdamW over every leaf; no weight decay on γ / norms / biases.
+- `muon`: nanochat's split (the LRT release's optimizer). `param_groups` labels every
+  leaf by its per-layer shape and place:
+    matrices    every 2-D weight, per layer for the stacked [L, in, out] leaves (attention,
+                MLP, LRT's W_k / W_v / gates, T2MLR's W_rec / f_rec / f_cur, value-
+                embedding gates): optax's `contrib.muon` at `matrix_lr` with explicit
+                dimension numbers (reduction axis −2, output axis −1, the layer axis a
+                batch axis), momentum `muon_momentum`, decoupled `weight_decay`;
+    embeddings  the token embedding and value-embedding tables (nanochat's and LRT's):
+                AdamW at `embedding_lr`;
+    unembedding the LM head: AdamW at `unembedding_lr`;
+    scalars     everything else (norm scales, biases, α / β / γ, gate biases): AdamW at
+                `scalar_lr` (as nanochat: α at ×0.01, β with b1 0.96).
+  The AdamW groups use (adam_b1, adam_b2), eps `adam_eps`, no weight decay, and, with
+  `dmodel_lr_scale`, nanochat's ×(d_model/768)^−0.5 on the embedding and unembedding
+  LRs. Every group follows the same warm-up/cosine multiplier. A tied embedding is
+  one leaf: it is in the embeddings group.
+`recurrence_lr_mult` scales the updates of every recurrence leaf (`recurrence_mask`:
+params["recurrence"] and LRT's per-layer `memory`) after its group's optimizer, under
+either optimizer.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +30,23 @@ import jax
 import optax
 
 NO_DECAY_LEAVES = ("scale", "bias", "gamma_rec", "gamma_cur")
+OPTIMIZERS = ("adamw", "muon")
+MUON_GROUPS = ("matrices", "embeddings", "unembedding", "scalars")
+STACKED = ("layers", "value_embeds")       # top-level trees with a leading layer axis
+EMBEDDING_LEAVES = (("embed", "embedding"), ("value_embeds", "embedding"), ("memory", "ve"))
+
+
+def _keys(path) -> tuple:
+  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
 def _leaf_name(path) -> str:
-  last = path[-1]
-  return str(getattr(last, "key", getattr(last, "name", last)))
+  return _keys(path)[-1]
 
 
 def _in_recurrence(path) -> bool:
-  return any(getattr(k, "key", None) == "recurrence" for k in path)
+  keys = _keys(path)
+  return keys[0] == "recurrence" or (keys[0] == "layers" and "memory" in keys)
 
 
 def decay_mask(params):
@@ -26,13 +56,29 @@ def decay_mask(params):
 
 
 def recurrence_mask(params):
+  """True on the recurrence's own parameters (T2MLR's and LRT's)."""
   return jax.tree_util.tree_map_with_path(lambda path, _: _in_recurrence(path), params)
 
 
-def make_schedule(opt_config, num_steps: int) -> optax.Schedule:
-  """0 → lr over warmup_frac·num_steps, then cosine to min_lr_frac·lr at num_steps."""
+def _muon_group(path, leaf) -> str:
+  keys = _keys(path)
+  if keys[:2] == ("lm_head", "kernel"):
+    return "unembedding"
+  if any(keys[i:i + 2] == pair for pair in EMBEDDING_LEAVES for i in range(len(keys) - 1)):
+    return "embeddings"
+  per_layer_ndim = leaf.ndim - (1 if keys[0] in STACKED else 0)
+  return "matrices" if per_layer_ndim == 2 else "scalars"
+
+
+def param_groups(params):
+  """The Muon optimizer's group of every leaf (a tree of MUON_GROUPS names)."""
+  return jax.tree_util.tree_map_with_path(_muon_group, params)
+
+
+def make_schedule(opt_config, num_steps: int, peak=None) -> optax.Schedule:
+  """0 → peak (default lr) over warmup_frac·num_steps, then cosine to min_lr_frac·peak."""
   warmup = int(round(opt_config.warmup_frac * num_steps))
-  peak = opt_config.lr
+  peak = opt_config.lr if peak is None else peak
   if warmup == 0:
     return optax.cosine_decay_schedule(peak, max(num_steps, 1), alpha=opt_config.min_lr_frac)
   return optax.warmup_cosine_decay_schedule(
@@ -40,14 +86,48 @@ def make_schedule(opt_config, num_steps: int) -> optax.Schedule:
       decay_steps=max(num_steps, warmup + 1), end_value=peak * opt_config.min_lr_frac)
 
 
-def make_optimizer(opt_config, num_steps: int):
-  """(optax transform, schedule). The transform is mask-aware by tree structure."""
-  schedule = make_schedule(opt_config, num_steps)
+def _muon(opt_config, num_steps: int, d_model):
+  """(multi_transform over MUON_GROUPS, the matrices' schedule)."""
+  from optax import contrib
+  o = opt_config
+  scale = (d_model / 768) ** -0.5 if (o.dmodel_lr_scale and d_model) else 1.0
+  sched = lambda lr: make_schedule(o, num_steps, peak=lr)
+  adam = lambda lr, b1=o.adam_b1: optax.adamw(sched(lr), b1=b1, b2=o.adam_b2, eps=o.adam_eps,
+                                              weight_decay=0.0)
+  dims = lambda params: jax.tree.map(
+      lambda a: contrib.MuonDimensionNumbers(reduction_axis=a.ndim - 2, output_axis=a.ndim - 1),
+      params)
+  matrices = contrib.muon(sched(o.matrix_lr), beta=o.muon_momentum,
+                          weight_decay=o.weight_decay, muon_weight_dimension_numbers=dims)
+  scalar_kind = {"resid_lambda": "alpha", "x0_lambda": "beta"}
+  scalars = optax.multi_transform(
+      {"alpha": adam(o.scalar_lr * 0.01), "beta": adam(o.scalar_lr, b1=0.96),
+       "other": adam(o.scalar_lr)},
+      lambda p: jax.tree_util.tree_map_with_path(
+          lambda path, _: scalar_kind.get(_leaf_name(path), "other"), p))
+  transforms = {"matrices": matrices, "embeddings": adam(o.embedding_lr * scale),
+                "unembedding": adam(o.unembedding_lr * scale), "scalars": scalars}
+  return optax.multi_transform(transforms, param_groups), sched(o.matrix_lr)
+
+
+def make_optimizer(opt_config, num_steps: int, d_model=None):
+  """(optax transform, the schedule reported as `lr`: AdamW's, or Muon's matrix LR).
+  Masks follow the tree structure, so one transform serves any model; `d_model` feeds
+  Muon's dmodel_lr_scale."""
+  if opt_config.name not in OPTIMIZERS:
+    raise ValueError(f"config field optimizer.name={opt_config.name!r} is invalid: allowed "
+                     f"one of {OPTIMIZERS}")
   parts = []
   if opt_config.grad_clip:
     parts.append(optax.clip_by_global_norm(opt_config.grad_clip))
-  parts.append(optax.adamw(schedule, b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps,
-                           weight_decay=opt_config.weight_decay, mask=decay_mask))
+  if opt_config.name == "muon":
+    tx, schedule = _muon(opt_config, num_steps, d_model)
+    parts.append(tx)
+  else:
+    schedule = make_schedule(opt_config, num_steps)
+    parts.append(optax.adamw(schedule, b1=opt_config.b1, b2=opt_config.b2,
+                             eps=opt_config.eps, weight_decay=opt_config.weight_decay,
+                             mask=decay_mask))
   if opt_config.recurrence_lr_mult != 1.0:
     parts.append(optax.masked(optax.scale(opt_config.recurrence_lr_mult), recurrence_mask))
   return optax.chain(*parts), schedule
