@@ -11,7 +11,7 @@ setup(
     install_requires=[
         "jax>=0.7,<0.12",
         "flax>=0.11,<0.13",
-        "optax>=0.2.4,<0.3",
+        "optax>=0.2.6,<0.3",
         "orbax-checkpoint>=0.11,<0.13",
         "grain>=0.2.10,<0.3",
         "ml-collections>=1.0,<2",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.config import LRTConfig, ModelConfig
 
 # Dense peak FLOP/s per chip, for MFU (bf16 unless noted).
 PEAK_FLOPS = {
@@ -24,7 +24,8 @@ def layer_matmul_flops(cfg: ModelConfig, tokens: int) -> float:
   """Projections + MLP of one layer for `tokens` tokens (no attention scores)."""
   D, F, K = cfg.d_model, cfg.d_ff, cfg.head_dim
   q, kv = cfg.n_heads * K, cfg.n_kv_heads * K
-  per_token = 2 * (D * q + 2 * D * kv + q * D) + 2 * 3 * D * F
+  mlp = 3 if cfg.mlp_type == "swiglu" else 2
+  per_token = 2 * (D * q + 2 * D * kv + q * D) + 2 * mlp * D * F
   return float(per_token * tokens)
 
 
@@ -43,8 +44,18 @@ def head_flops(cfg: ModelConfig, tokens: int) -> float:
 
 
 def mixer_flops(cfg: ModelConfig, tokens: int) -> float:
-  """The T2MLR fusion: W_rec (H²) and the two gates (2H·H each): 5H² multiply-adds."""
-  return float(2 * 5 * cfg.d_model ** 2 * tokens) if cfg.recurrence is not None else 0.0
+  """The recurrence's own matmuls. T2MLR's fusion: W_rec (H²) and the two gates (2H·H
+  each), 5H² multiply-adds. LRT, in every layer: W_k and W_v (D·N_kv·K each, when on)
+  and the triple gate (C·3·N_kv)."""
+  rec = cfg.recurrence
+  if rec is None:
+    return 0.0
+  if isinstance(rec, LRTConfig):
+    kv = cfg.n_kv_heads * cfg.head_dim
+    gate = (rec.gate_channels or cfg.d_model) * 3 * cfg.n_kv_heads
+    per_layer = (int(rec.key) + int(rec.value)) * cfg.d_model * kv + gate
+    return float(2 * cfg.n_layers * per_layer * tokens)
+  return float(2 * 5 * cfg.d_model ** 2 * tokens)
 
 
 def _segment_layers(cfg: ModelConfig) -> dict:
@@ -58,6 +69,9 @@ def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "paral
 
   jacobi: lower once, sweep 0 + (sweeps - 1) middle sweeps with the mixer, then
   the final middle + upper pass (SPEC §8); `sweeps` defaults to d_forward.
+  interleaved / chunked: two full passes' worth (pass 0, then the S passes whose queries
+  cover each position once, attending over all T keys). multi_refine: 1 + K full
+  passes (`sweeps` overrides K).
   exact: every layer once plus the mixer (the token-by-token middle block does the
   same matmuls; its attention is over the causal prefix, counted as full here).
   """
@@ -67,10 +81,16 @@ def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "paral
   if cfg.recurrence is None or mode == "parallel":
     return out + cfg.n_layers * per_layer
   n = _segment_layers(cfg)
+  full = out + cfg.n_layers * per_layer + mixer_flops(cfg, tokens)
   if mode == "exact":
-    return out + cfg.n_layers * per_layer + mixer_flops(cfg, tokens)
+    return full
+  if mode in ("interleaved", "chunked"):   # pass 0 + passes covering each position once
+    return 2 * full
+  if mode == "multi_refine":
+    return (1 + (sweeps if sweeps is not None else cfg.recurrence.refine_passes)) * full
   if mode != "jacobi":
-    raise ValueError(f"mode={mode!r} is invalid: allowed 'parallel', 'exact', 'jacobi'")
+    raise ValueError(f"mode={mode!r} is invalid: allowed 'parallel', 'exact', 'jacobi', "
+                     "'interleaved', 'chunked', 'multi_refine'")
   d_f = d_forward or cfg.recurrence.d_forward
   s = d_f if sweeps is None else sweeps
   middle = n["middle"] * per_layer
@@ -82,7 +102,8 @@ def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "paral
 def train_step_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "parallel",
                      d_forward: Optional[int] = None, d_backward: Optional[int] = None,
                      sweeps: Optional[int] = None) -> float:
-  """Forward + backward (2× the forward FLOPs of what carries gradient)."""
+  """Forward + backward (2× the forward FLOPs of what carries gradient; every LRT
+  schedule keeps the gradient of every pass)."""
   fwd = forward_flops(cfg, batch, seq_len, mode, d_forward, sweeps)
   if cfg.recurrence is None or mode != "jacobi":
     return 3 * fwd

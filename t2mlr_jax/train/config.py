@@ -12,13 +12,20 @@ from typing import Any, Union
 
 from ml_collections import config_dict
 
-from t2mlr_jax.config import ModelConfig, T2MLRConfig, invalid
+from t2mlr_jax.config import (RECURRENCE_CONFIGS, ModelConfig, invalid,
+                              recurrence_from_dict)
 from t2mlr_jax.model.lstm import LSTMConfig
+from t2mlr_jax.model.modes import MODE_OPTIONS, TRAINING_MODES
+from t2mlr_jax.train.optimizer import OPTIMIZERS
 
 ARCHS = ("transformer", "lstm")
 RECURRENCE_TYPES = ("none", "t2mlr", "lrt")
-TRAIN_MODES = ("auto", "jacobi", "exact", "parallel")
-OPTIMIZERS = ("adamw",)
+TRAIN_MODES = ("auto", "parallel", "exact", "jacobi", "interleaved", "chunked", "multi_refine")
+# ModelConfig fields an experiment config passes through unchanged (nanochat's options).
+BACKBONE_FIELDS = ("norm_scale", "embed_norm", "qk_norm", "mlp_type", "logit_softcap",
+                   "resid_lambdas", "x0_lambdas", "window_pattern", "window_short",
+                   "window_long", "pad_vocab_to", "value_embeds", "ve_gate_channels",
+                   "rope_table_dtype")
 # Fields a resumed run may change; any other difference is refused.
 RESUME_MUTABLE = ("train.stop_after_steps", "train.eval_every", "train.checkpoint_every",
                   "train.log_every")
@@ -32,6 +39,12 @@ def base_config() -> config_dict.ConfigDict:
       head_dim=config_dict.placeholder(int), max_seq_len=2048,
       rope_theta=config_dict.placeholder(float), rms_norm_eps=1e-5, tie_embeddings=False,
       qkv_bias=False, init_std=0.02, dtype="float32", remat="none", scan_layers=True,
+      norm_scale=True, embed_norm=False, qk_norm=False, mlp_type="swiglu",
+      logit_softcap=config_dict.placeholder(float), resid_lambdas=False, x0_lambdas=False,
+      window_pattern=config_dict.placeholder(str), window_short=config_dict.placeholder(int),
+      window_long=config_dict.placeholder(int), pad_vocab_to=1,
+      value_embeds=config_dict.placeholder(str), ve_gate_channels=32,
+      rope_table_dtype="float32",
       recurrence=dict(type="t2mlr", l_start=1, l_end=-2, d_forward=16, d_backward=4,
                       jacobi_tol=config_dict.placeholder(float), residual=True,
                       residual_detach=True, cache_norm="clipped_rms", gate_init=0.5,
@@ -41,9 +54,14 @@ def base_config() -> config_dict.ConfigDict:
       num_steps=1000, stop_after_steps=config_dict.placeholder(int), batch_size=16,
       seq_len=256, eval_every=500, checkpoint_every=500, log_every=50, seed=0,
       mode="auto", max_to_keep=3, async_checkpointing=True)
+  # name "adamw": lr, b1, b2, eps, weight_decay; "muon" (train/optimizer.py): matrix_lr,
+  # embedding_lr, unembedding_lr, scalar_lr, adam_b1/b2/eps, muon_momentum, weight_decay
+  # (the matrices'), dmodel_lr_scale. Both: warmup/min_lr_frac, grad_clip, recurrence_lr_mult.
   c.optimizer = dict(name="adamw", lr=5e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01,
                      warmup_frac=0.05, min_lr_frac=0.01, grad_clip=1.0,
-                     recurrence_lr_mult=1.0)
+                     recurrence_lr_mult=1.0, matrix_lr=0.02, embedding_lr=0.2,
+                     unembedding_lr=0.004, scalar_lr=0.5, adam_b1=0.8, adam_b2=0.95,
+                     adam_eps=1e-10, muon_momentum=0.95, dmodel_lr_scale=True)
   c.data = dict(task="s5_retrieval", group="S5", min_actions=1, max_actions=32,
                 eval_min_actions=1, eval_max_actions=48, eval_lengths=config_dict.placeholder(str),
                 eval_examples_per_length=32, eval_batch_size=64, value_len=4,
@@ -64,18 +82,34 @@ def _fail(field: str, value: Any, allowed: str):
   invalid(field, value, allowed, prefix="config field ")
 
 
+def recurrence_config(kind: str, **overrides) -> config_dict.ConfigDict:
+  """A `model.recurrence` group holding every field of one recurrence type at its default
+  (so each can be overridden on the command line), e.g. recurrence_config("lrt", passes=3)."""
+  if kind not in RECURRENCE_CONFIGS:
+    _fail("model.recurrence.type", kind, f"one of {sorted(RECURRENCE_CONFIGS)}")
+  fields = RECURRENCE_CONFIGS[kind]().to_dict()
+  unknown = sorted(set(overrides) - set(fields))
+  if unknown:
+    _fail(f"model.recurrence.{unknown[0]}", overrides[unknown[0]],
+          f"a field of {kind}: {sorted(k for k in fields if k != 'type')}")
+  fields.update(overrides)
+  c = config_dict.ConfigDict(fields)
+  if kind == "t2mlr" and c.jacobi_tol is None:
+    c.jacobi_tol = config_dict.placeholder(float)
+  return c
+
+
 def _recurrence(config):
   r = config.model.recurrence
   if r.type not in RECURRENCE_TYPES:
     _fail("model.recurrence.type", r.type, f"one of {RECURRENCE_TYPES}")
-  if r.type == "lrt":
-    _fail("model.recurrence.type", r.type, "'none' or 't2mlr' (LRT is not implemented yet)")
   if r.type == "none":
     return None
-  return T2MLRConfig(l_start=r.l_start, l_end=r.l_end, d_forward=r.d_forward,
-                     d_backward=r.d_backward, jacobi_tol=r.jacobi_tol, residual=r.residual,
-                     residual_detach=r.residual_detach, cache_norm=r.cache_norm,
-                     gate_init=r.gate_init, gate_gain=r.gate_gain)
+  try:
+    return recurrence_from_dict(r.to_dict())
+  except ValueError as e:
+    raise ValueError(f"config field model.{e} (each type has its own fields: build the group "
+                     "with t2mlr_jax.train.config.recurrence_config(type))") from None
 
 
 def _init_from_config(config) -> ModelConfig:
@@ -104,17 +138,25 @@ def model_config(config) -> Union[ModelConfig, LSTMConfig]:
       n_kv_heads=m.n_kv_heads, d_ff=m.d_ff, head_dim=m.head_dim, max_seq_len=m.max_seq_len,
       rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps, tie_embeddings=m.tie_embeddings,
       qkv_bias=m.qkv_bias, init_std=m.init_std, dtype=m.dtype, remat=m.remat,
-      scan_layers=m.scan_layers, recurrence=rec)
+      scan_layers=m.scan_layers, recurrence=rec,
+      **{k: m[k] for k in BACKBONE_FIELDS if k in m})
 
 
 def train_mode(config, cfg) -> str:
-  """The forward mode of the train step: jacobi for T2MLR, parallel otherwise."""
+  """The forward mode of the train step; "auto": the recurrence type's default training
+  schedule (T2MLR: jacobi, LRT: interleaved), parallel without a recurrence."""
   mode = config.train.mode
   if mode not in TRAIN_MODES:
     _fail("train.mode", mode, f"one of {TRAIN_MODES}")
-  has_rec = isinstance(cfg, ModelConfig) and cfg.recurrence is not None
+  rec = cfg.recurrence if isinstance(cfg, ModelConfig) else None
+  if rec is None:
+    return "parallel" if mode == "auto" else mode
+  own = TRAINING_MODES[type(rec)]
   if mode == "auto":
-    return "jacobi" if has_rec else "parallel"
+    return own[0]
+  if mode in MODE_OPTIONS and mode not in own:
+    _fail("train.mode", mode, f"'auto', 'parallel', 'exact' or one of {own} for a {rec.type} "
+          "model")
   return mode
 
 
@@ -157,10 +199,20 @@ def validate(config):
     _fail("model.init_from", config.model.init_from,
           "a Hugging Face directory or parameter export (this config fine-tunes a "
           "pretrained model: --config.model.init_from=DIR)")
+  if o.name == "muon":
+    for field in ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "adam_eps"):
+      if not o[field] > 0:
+        _fail(f"optimizer.{field}", o[field], "> 0")
+    for field in ("adam_b1", "adam_b2", "muon_momentum"):
+      if not 0 <= o[field] < 1:
+        _fail(f"optimizer.{field}", o[field], "in [0, 1)")
   cfg = model_config(config)
-  train_mode(config, cfg)
+  mode = train_mode(config, cfg)
   if t.seq_len > cfg.max_seq_len:
     _fail("train.seq_len", t.seq_len, f"<= model.max_seq_len={cfg.max_seq_len}")
+  rec = getattr(cfg, "recurrence", None)
+  if mode in ("interleaved", "chunked") and not rec.passes <= t.seq_len:
+    _fail("model.recurrence.passes", rec.passes, f"1 <= passes <= train.seq_len={t.seq_len}")
   return cfg
 
 
@@ -171,13 +223,18 @@ def flatten(d: dict, prefix: str = "") -> dict:
     if isinstance(v, dict):
       out.update(flatten(v, key + "."))
     else:
-      out[key] = v
+      out[key] = list(v) if isinstance(v, tuple) else v    # as JSON stores it
   return out
 
 
 def resume_conflicts(saved: dict, current: dict) -> list[str]:
   """Dotted fields that differ between a saved and the current config, except
-  those a resumed run may change (RESUME_MUTABLE)."""
+  those a resumed run may change (RESUME_MUTABLE). A field the saved config lacks
+  (written before the field existed) conflicts only if it is not at its default."""
   a, b = flatten(saved), flatten(current)
+  defaults = flatten(base_config().to_dict())
+  for k in set(b) - set(a):
+    if k in defaults and b[k] == defaults[k]:
+      a[k] = b[k]
   return sorted(k for k in set(a) | set(b)
                 if k not in RESUME_MUTABLE and a.get(k, "<missing>") != b.get(k, "<missing>"))

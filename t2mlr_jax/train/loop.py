@@ -77,6 +77,16 @@ def _say(message: str) -> None:
   logging.info("%s", message)
 
 
+def _logged(value):
+  """A metric as logged: a float, or a list for per-layer / per-pass vectors."""
+  arr = np.asarray(value)
+  return float(arr.reshape(())) if arr.size == 1 else arr.tolist()
+
+
+def _summary(results: dict) -> str:
+  return ", ".join(f"{k}={v:.4g}" for k, v in results.items() if isinstance(v, float))
+
+
 def _global_batch(batch, data_sharding):
   return {k: jax.make_array_from_process_local_data(data_sharding, np.asarray(v))
           for k, v in batch.items()}
@@ -123,7 +133,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
     raise ValueError(f"config field train.batch_size={t.batch_size} is invalid: allowed "
                      f"multiples of mesh data*fsdp={sharding.batch_divisor(mesh)}")
   mode = config_lib.train_mode(config, cfg)
-  tx, schedule = make_optimizer(config.optimizer, t.num_steps)
+  tx, schedule = make_optimizer(config.optimizer, t.num_steps, getattr(cfg, "d_model", None))
   os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
 
@@ -190,7 +200,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
           fetched = jax.device_get(window)
           elapsed = time.perf_counter() - window_start
           last = {k: float(np.mean([m[k] for m in fetched])) if k == "loss"
-                  else float(np.asarray(fetched[-1][k])) for k in fetched[-1]}
+                  else _logged(fetched[-1][k]) for k in fetched[-1]}
           last["loss_last"] = float(np.asarray(fetched[-1]["loss"]))
           last["tokens_per_sec"] = len(window) * tokens_per_step / max(elapsed, 1e-9)
           last["steps_per_sec"] = len(window) / max(elapsed, 1e-9)
@@ -207,9 +217,14 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
           if eval_batches is None:
             eval_batches = task.eval_batches(config)
           results = evaluate(state.params, cfg, eval_batches, task.metrics)
+          if getattr(cfg, "recurrence", None) is not None:
+            # the same batches with zero memory: what the recurrence adds
+            results["parallel"] = evaluate(state.params, cfg, eval_batches, task.metrics,
+                                           mode="parallel")
           writer.write(step, results, kind="eval")
-          _say(f"step {step} eval: " + ", ".join(
-              f"{k}={v:.4g}" for k, v in results.items() if isinstance(v, float)))
+          _say(f"step {step} eval (exact): " + _summary(results) + (
+              f" | zero memory (parallel): {_summary(results['parallel'])}"
+              if "parallel" in results else ""))
           window_start = time.perf_counter()
         if step % t.checkpoint_every == 0 or step == stop_at or stop.received:
           save(step)

@@ -10,7 +10,8 @@ import numpy as np
 
 
 def _scalars(metrics: Mapping, prefix: str = "") -> dict:
-  """Flatten nested metric dicts into {name: float} (non-scalars are skipped)."""
+  """Flatten nested metric dicts into {name: float}: vectors as name/0, name/1, ...;
+  anything else that is not a number is skipped."""
   out = {}
   for key, value in metrics.items():
     name = f"{prefix}{key}"
@@ -18,8 +19,12 @@ def _scalars(metrics: Mapping, prefix: str = "") -> dict:
       out.update(_scalars(value, name + "/"))
     else:
       arr = np.asarray(value)
+      if arr.dtype.kind not in "fiub":
+        continue
       if arr.size == 1:
         out[name] = float(arr.reshape(()))
+      elif arr.ndim == 1:                   # per-layer / per-pass vectors: name/i
+        out.update({f"{name}/{i}": float(v) for i, v in enumerate(arr)})
   return out
 
 

@@ -1,10 +1,11 @@
 """Train state, sharded initialisation, the jit-compiled train step, eval logits.
 
-The train step runs the `jacobi` mode for T2MLR models (`parallel` for
-baselines) through `t2mlr_jax.loss` (negative labels are not supervised), skips the update
-and raises a sticky flag when the loss or gradient is not finite, and returns
-metrics: loss, grad norm, LR, supervised tokens, γ values, gate means, the
-Jacobi residual and the sweeps run.
+The train step runs the model's training mode (T2MLR: `jacobi`; LRT: `interleaved`,
+`chunked` or `multi_refine`; `parallel` for baselines) through `t2mlr_jax.loss`
+(negative labels are not supervised), skips the update and raises a sticky flag when
+the loss or gradient is not finite, and returns metrics: loss, grad norm, LR, supervised
+tokens; T2MLR: γ values, gate means, the Jacobi residual and the sweeps run; LRT: the
+per-pass losses and, per layer, α / β / γ and the mean local / fb / ve gates.
 """
 
 from __future__ import annotations
@@ -48,11 +49,32 @@ def state_shardings(cfg: AnyModelConfig, tx, mesh):
   return sharding.tree_shardings(abstract_state(cfg, tx), mesh, model_cfg)
 
 
-def _gamma_metrics(params):
-  rec = params.get("recurrence") if isinstance(params, dict) else None
-  if not rec or "gamma_rec" not in rec:      # T2MLR's γ only
+def recurrence_metrics(params, cfg: AnyModelConfig) -> dict:
+  """The recurrence's learned scalars: T2MLR's γ_rec / γ_cur; LRT's per-layer α (resid),
+  β (x0) and γ (memory) as [L] vectors (the backbone's α/β when it has them)."""
+  if not isinstance(cfg, ModelConfig) or cfg.recurrence is None:
     return {}
-  return {"gamma_rec": rec["gamma_rec"], "gamma_cur": rec["gamma_cur"]}
+  rec = params.get("recurrence") or {}
+  if "gamma_rec" in rec:
+    return {"gamma_rec": rec["gamma_rec"], "gamma_cur": rec["gamma_cur"]}
+  layers, out = params["layers"], {}
+  for name, key in (("alpha", "resid_lambda"), ("beta", "x0_lambda")):
+    if key in layers:
+      out[name] = layers[key]
+  if "gamma" in layers.get("memory", {}):
+    out["gamma"] = layers["memory"]["gamma"]
+  return out
+
+
+def _schedule_metrics(aux: dict) -> dict:
+  """Scalar-or-vector metrics from a training schedule's aux: per-pass losses and the
+  mean local / fb / ve gates per layer ([L] each); bulky arrays (h_final) dropped."""
+  aux = dict(aux)
+  aux.pop("h_final", None)
+  gates = aux.pop("gate_means", None)
+  if gates is not None:
+    aux.update(gate_local=gates[:, 0], gate_fb=gates[:, 1], gate_ve=gates[:, 2])
+  return aux
 
 
 def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh):
@@ -64,7 +86,7 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh):
         control_flow=batch.get("control_flow"), positions=batch.get("positions"),
         segment_ids=batch.get("segment_ids"), return_aux=True)
     count = aux.pop("supervised_tokens")
-    return value, (aux, count)
+    return value, (_schedule_metrics(aux), count)
 
   def step(state: TrainState, batch):
     (loss, (aux, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
@@ -79,7 +101,7 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh):
         nonfinite_step=jnp.where(ok | (state.nonfinite_step >= 0), state.nonfinite_step,
                                  state.step))
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
-               "supervised_tokens": count, **aux, **_gamma_metrics(state.params)}
+               "supervised_tokens": count, **aux, **recurrence_metrics(state.params, cfg)}
     return new_state, metrics
 
   shardings = state_shardings(cfg, tx, mesh)

@@ -1,0 +1,65 @@
+"""LRT on nanochat's backbone (the official LRT release's model and optimizer).
+
+Variants (`--config=configs/lrt_nanochat.py:VARIANT`):
+  d20   nanochat depth 20 (d_model 1280, 10 heads of 128, vocab 32768, T 2048) with
+        LRT-layerwise, interleaved S = 2; Muon for matrices + AdamW for embeddings and
+        scalars at nanochat's learning rates; 524,288 tokens per step and steps for
+        10 tokens per scaling parameter (the release's count: the layers' matrices, the
+        LM head and LRT's W_k / W_v, not the embedding tables), as the release's
+        comparison. Accelerators, bf16.
+  d12   the same at depth 12 (d_model 768).
+  tiny  seconds on CPU, for tests: 2 layers, d_model 32, on S5-Retrieval data.
+
+The d12/d20 variants read any tokenized text through the `sft` task
+(--config.data.path=FILE.jsonl --config.data.tokenizer=DIR; vocabulary 32768 unless
+overridden to the tokenizer's).
+"""
+
+import math
+
+from t2mlr_jax.config import PRESETS
+from t2mlr_jax.train.config import base_config, model_config, recurrence_config
+
+VARIANTS = ("d20", "d12", "tiny")
+
+
+def scaling_params(cfg) -> int:
+  """Parameters without the token embedding and the value-embedding tables."""
+  V, kv = cfg.padded_vocab, cfg.n_kv_heads * cfg.head_dim
+  tables = V * cfg.d_model + len(cfg.value_embed_layers) * V * kv
+  if cfg.recurrence is not None and cfg.recurrence.value_embeds:
+    tables += cfg.n_layers * V * kv
+  return cfg.num_params() - tables
+
+
+def get_config(variant: str = "d20"):
+  if variant not in VARIANTS:
+    raise ValueError(f"unknown variant {variant!r}: allowed one of {VARIANTS}")
+  c = base_config()
+  c.name = f"lrt_nanochat_{variant}"
+  shape = dict(PRESETS["nanochat-d12" if variant == "d12" else "nanochat-d20"])
+  shape["value_embeds"] = None      # LRT's own value embeddings replace nanochat's (release)
+  for key, value in shape.items():
+    c.model[key] = value
+  c.model.recurrence = recurrence_config("lrt", source_layer=-1, passes=2)
+  c.optimizer.update(name="muon", matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004,
+                     scalar_lr=0.5, adam_b1=0.8, adam_b2=0.95, weight_decay=0.0,
+                     warmup_frac=0.0, min_lr_frac=0.0, grad_clip=0.0)
+  c.train.mode = "auto"             # interleaved
+  if variant == "tiny":
+    c.model.update(n_layers=2, d_model=32, n_heads=2, n_kv_heads=2, d_ff=128,
+                   vocab_size=188, max_seq_len=64)
+    c.model.recurrence.gate_channels = 16
+    c.data.update(task="s5_retrieval", group="S3", min_actions=1, max_actions=4,
+                  eval_lengths="2,6", eval_examples_per_length=4, eval_batch_size=8)
+    c.train.update(num_steps=6, batch_size=8, seq_len=48, eval_every=6, checkpoint_every=3,
+                   log_every=1, async_checkpointing=False)
+    return c
+  c.model.update(dtype="bfloat16")
+  c.data.update(task="sft", format="auto", packed=True, too_long="drop")
+  c.mesh.update(data=1, fsdp=-1, tensor=1)
+  batch, seq = 256, 2048
+  c.train.update(batch_size=batch, seq_len=seq,
+                 num_steps=math.ceil(10 * scaling_params(model_config(c)) / (batch * seq)),
+                 eval_every=1000, checkpoint_every=1000, log_every=20)
+  return c
