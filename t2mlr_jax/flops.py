@@ -78,8 +78,11 @@ def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "paral
   tokens = batch * seq_len
   per_layer = layer_flops(cfg, batch, seq_len)
   out = head_flops(cfg, tokens)
-  if cfg.recurrence is None or mode == "parallel":
+  if cfg.recurrence is None:
     return out + cfg.n_layers * per_layer
+  if mode == "parallel":      # LRT's zero-memory pass still runs its feedback matmuls
+    lrt = isinstance(cfg.recurrence, LRTConfig)
+    return out + cfg.n_layers * per_layer + (mixer_flops(cfg, tokens) if lrt else 0.0)
   n = _segment_layers(cfg)
   full = out + cfg.n_layers * per_layer + mixer_flops(cfg, tokens)
   if mode == "exact":

@@ -54,3 +54,17 @@ def test_decode_and_mfu():
   mixer_share = flops.mixer_flops(cfg, 1) / per_token
   assert 0.008 < mixer_share < 0.015                 # SPEC §8: ~1-2% of a 135M model
   assert flops.mfu(1e12, 1.0) is None or flops.mfu(1e12, 1.0) > 0
+
+
+def test_lrt_interleaved_flops_match_xla():
+  """LRT (nanochat's relu² MLP): the interleaved forward is two full passes' worth."""
+  from t2mlr_jax import LRTConfig
+  cfg = ModelConfig(vocab_size=256, d_model=128, n_layers=2, n_heads=2, d_ff=512,
+                    max_seq_len=128, scan_layers=False, mlp_type="relu2",
+                    recurrence=LRTConfig(passes=2))
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  tokens = np.zeros((B, T), np.int32)
+  for mode, opts in (("parallel", {}), ("interleaved", {"passes": 2})):
+    xla = _xla_flops(lambda p, t: forward(p, cfg, t, mode=mode, **opts), params, tokens)
+    model = flops.forward_flops(cfg, B, T, mode)
+    assert abs(model / xla - 1) < 0.10, (mode, model, xla)
