@@ -129,7 +129,8 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
     pos_P = inp.positions[:, P]
     dist = (P[:, None] - np.arange(T)[None, :])[None]
     side = side_inputs(params, cfg, x0[:, P], tokens_BT[:, P], dist, m)
-    pctx = LayerCtx(rope_tables(cfg, pos_P), ctx.mask[:, P], side, collect=True)
+    per_layer = jax.tree.map(lambda a: a[:, :, P], ctx.per_layer)    # [L, B, |P|, ...]
+    pctx = LayerCtx(rope_tables(cfg, pos_P), ctx.mask[:, P], side, per_layer, collect=True)
     x, new_bufs, inter = x0[:, P], [], []
     for name, lo, hi in cfg.segments:
       layer_buf = jax.tree.map(lambda a: a[lo:hi], buf)

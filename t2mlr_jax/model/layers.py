@@ -363,7 +363,7 @@ class Block(nn.Module):
 
   `window`: this layer's attention window (None: full). `ve`: (value-embedding rows
   [B, T, N_kv·K], gate kernel [C, N_kv]) of this layer (`value_embeds`; zeros on layers
-  without a table). With `side.memory` the recurrence's per-layer module
+  without a table), or with LRT (its value-embedding rows,). With `side.memory` the recurrence's per-layer module
   (`recurrence.layer_module`) adds its memory paths."""
   cfg: ModelConfig
 
@@ -387,7 +387,7 @@ class Block(nn.Module):
       x = memory.inject(x, side.memory)
     h = norm(cfg, "attn_norm")(x)
     if side is not None and side.memory is not None:
-      mix = memory.mixer(h, side)
+      mix = memory.mixer(h, side, ve)
     elif ve is not None:
       mix = value_embed_mixer(cfg, h, *ve)
     a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index, mix)

@@ -123,8 +123,14 @@ class LayerCtx(NamedTuple):
 
 
 def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:
-  """(rows [L, B, T, N_kv·K], gate kernels [L, C, N_kv]) of `value_embeds`, zeros on the
-  layers without a table (adding zero leaves their values as they are); None when off."""
+  """Per-layer value-embedding inputs, gathered once per call (not once per layer call or
+  per training pass: the gradient then meets each table in one scatter). nanochat's
+  `value_embeds`: (rows [L, B, T, N_kv·K], gate kernels [L, C, N_kv]), zeros on the
+  layers without a table (adding zero leaves their values as they are). LRT's
+  `recurrence.value_embeds`: (rows [L, B, T, N_kv·K],). None when neither."""
+  rec = cfg.recurrence
+  if getattr(rec, "type", None) == "lrt" and rec.value_embeds:
+    return (params["layers"]["memory"]["ve"][:, tokens_BT],)
   if cfg.value_embeds is None:
     return None
   ve = params["value_embeds"]

@@ -84,9 +84,10 @@ class LRTLayer(nn.Module):
       return x_BTD
     return x_BTD + (self.gamma * m_BTD).astype(x_BTD.dtype)
 
-  def mixer(self, a_BTD, side: LayerSide):
+  def mixer(self, a_BTD, side: LayerSide, ve=None):
     """The function Attention applies to its fresh (k, v) before RoPE: the triple-gated
-    mix with the memory's projections and the token's value embedding."""
+    mix with the memory's projections and the token's value embedding (`ve`: (rows
+    [B, T, N_kv·K],) gathered by the caller, else looked up here)."""
     cfg, rcfg = self.cfg, self.cfg.recurrence
     dt = compute_dtype(cfg)
     B, T, _ = a_BTD.shape
@@ -104,7 +105,9 @@ class LRTLayer(nn.Module):
                                    else side.shared[name]))
     k_fb = proj("w_k") if rcfg.key else None
     v_fb = proj("w_v") if rcfg.value else None
-    v_ve = heads(self.ve[side.tokens]) if rcfg.value_embeds else None
+    v_ve = None
+    if rcfg.value_embeds:
+      v_ve = heads(ve[0] if ve is not None else self.ve[side.tokens])
 
     def mix(k, v):
       if k_fb is not None:          # as the release: without key feedback k is left as is
