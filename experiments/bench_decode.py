@@ -8,6 +8,11 @@ alternate between the models and the medians of `--repeats` are reported.
 
     python experiments/bench_decode.py                 # writes experiments/results/bench_decode.json
     python experiments/bench_decode.py --no-hf --batch 1
+    python experiments/bench_decode.py --recurrence lrt --batch 1   # -> bench_decode_lrt.json
+
+With --recurrence lrt: LRT-layerwise and LRT-shared (the release's init) on nanochat's
+depth-12 backbone, each against the same backbone without recurrence; the release's
+value-embedding tables are gathered (one row per token), not streamed.
 """
 
 from __future__ import annotations
@@ -31,53 +36,75 @@ def main():
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--threads", type=int, default=2, help="torch threads for the HF baseline")
   p.add_argument("--no-hf", dest="hf", action="store_false")
-  p.add_argument("--out", default="bench_decode.json")
+  p.add_argument("--recurrence", choices=("t2mlr", "lrt"), default="t2mlr",
+                 help="lrt: LRT-layerwise and LRT-shared on nanochat's backbone "
+                      "(--shape nanochat-d12 by default)")
+  p.add_argument("--out", default=None)
   args = p.parse_args()
+  args.out = args.out or ("bench_decode.json" if args.recurrence == "t2mlr"
+                          else "bench_decode_lrt.json")
 
   import jax
   import numpy as np
 
   import t2mlr_jax
-  from t2mlr_jax import ModelConfig, T2MLRConfig
+  from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig
 
-  t2 = ModelConfig.preset(args.shape, recurrence=T2MLRConfig(l_start=args.l_start,
-                                                             l_end=args.l_end))
-  base = t2.replace(recurrence=None)
-  params = t2mlr_jax.init_params(t2, jax.random.PRNGKey(0))
-  params["recurrence"]["gamma_rec"] = np.float32(0.5)     # the recurrence is on
-  params["recurrence"]["gamma_cur"] = np.float32(0.5)
-  base_params = {k: v for k, v in params.items() if k != "recurrence"}
+  if args.recurrence == "lrt":      # the release's LRT on nanochat's backbone
+    preset = "nanochat-d12" if args.shape == "smollm2-135m" else args.shape
+    models = {f"lrt_{proj}": ModelConfig.preset(preset, recurrence=LRTConfig(projection=proj))
+              for proj in ("layerwise", "shared")}
+  else:
+    preset = args.shape
+    models = {"t2mlr": ModelConfig.preset(preset, recurrence=T2MLRConfig(
+        l_start=args.l_start, l_end=args.l_end))}
+  first = next(iter(models.values()))
+  base = first.replace(recurrence=None)
+  base_params = t2mlr_jax.init_params(base, jax.random.PRNGKey(0))
+  params = {}
+  for name, cfg in models.items():
+    p = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
+    if "gamma_rec" in p.get("recurrence", {}):           # T2MLR: the recurrence is on
+      p["recurrence"]["gamma_rec"] = np.float32(0.5)
+      p["recurrence"]["gamma_cur"] = np.float32(0.5)
+    params[name] = p                                       # LRT: the release's init (γ 0.1)
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(base_params))
   bandwidth = bc.memory_bandwidth_gbs()
   floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
 
-  results = {"shape": args.shape, "recurrent_block": [args.l_start, args.l_end],
-             "prompt": args.prompt, "new_tokens": args.new, "dtype": "float32",
+  results = {"shape": preset, "recurrence": args.recurrence, "prompt": args.prompt,
+             "new_tokens": args.new, "dtype": "float32",
              "weight_bytes": weight_bytes, "read_bandwidth_gbs": round(bandwidth, 2),
              "weight_streaming_floor_ms": round(floor_ms, 2), "batches": {}}
+  if args.recurrence == "t2mlr":
+    results["recurrent_block"] = [args.l_start, args.l_end]
   for B in [int(b) for b in args.batch.split(",")]:
-    prompt = np.random.RandomState(0).randint(0, t2.vocab_size, (B, args.prompt)).astype(np.int32)
+    prompt = np.random.RandomState(0).randint(0, base.vocab_size, (B, args.prompt)).astype(np.int32)
 
     def run(cfg, p, n):
       return lambda: t2mlr_jax.generate(p, cfg, prompt, max_new_tokens=n)
 
-    runs = {"t2mlr_N": run(t2, params, args.new), "t2mlr_1": run(t2, params, 1),
-            "base_N": run(base, base_params, args.new), "base_1": run(base, base_params, 1)}
+    runs = {}
+    for name, cfg in {**models, "base": base}.items():
+      p = base_params if name == "base" else params[name]
+      runs[f"{name}_N"], runs[f"{name}_1"] = run(cfg, p, args.new), run(cfg, p, 1)
     for fn in runs.values():      # compile
       fn()
     times = bc.alternate(runs, args.repeats)
     per_token = {m: (bc.median(times[f"{m}_N"]) - bc.median(times[f"{m}_1"])) / (args.new - 1)
-                 for m in ("t2mlr", "base")}
-    row = {"t2mlr_ms_per_token": round(per_token["t2mlr"] * 1e3, 3),
-           "base_ms_per_token": round(per_token["base"] * 1e3, 3),
-           "t2mlr_overhead": round(per_token["t2mlr"] / per_token["base"] - 1, 4),
-           "t2mlr_vs_floor": round(per_token["t2mlr"] * 1e3 / floor_ms, 3),
-           "t2mlr_tokens_per_s": round(B / per_token["t2mlr"], 1),
-           "raw_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()}}
-    if args.hf:
-      hf_ms = hf_decode_ms(t2, prompt, args.new, args.repeats, args.threads)
+                 for m in (*models, "base")}
+    row = {"base_ms_per_token": round(per_token["base"] * 1e3, 3)}
+    for m in models:
+      row.update({f"{m}_ms_per_token": round(per_token[m] * 1e3, 3),
+                  f"{m}_overhead": round(per_token[m] / per_token["base"] - 1, 4),
+                  f"{m}_vs_floor": round(per_token[m] * 1e3 / floor_ms, 3),
+                  f"{m}_tokens_per_s": round(B / per_token[m], 1)})
+    row["raw_seconds"] = {k: [round(x, 4) for x in v] for k, v in times.items()}
+    if args.hf and args.recurrence == "t2mlr":
+      first_name = next(iter(models))
+      hf_ms = hf_decode_ms(first, prompt, args.new, args.repeats, args.threads)
       row["hf_ms_per_token"] = round(hf_ms, 3)
-      row["speedup_vs_hf"] = round(hf_ms / (per_token["t2mlr"] * 1e3), 3)
+      row["speedup_vs_hf"] = round(hf_ms / (per_token[first_name] * 1e3), 3)
     results["batches"][str(B)] = row
     print(B, {k: v for k, v in row.items() if k != "raw_seconds"}, flush=True)
   print("wrote", bc.write_json(args.out, results))

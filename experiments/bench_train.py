@@ -1,8 +1,9 @@
 """Training-step cost: Jacobi(D_f, D_b) vs the plain model, adaptive Jacobi, memory,
-compile time (SPEC §8, issue 6 targets 2, 3, 5).
+compile time (SPEC §8); LRT's schedules vs the plain backbone.
 
     python experiments/bench_train.py            # writes experiments/results/bench_train.json
     python experiments/bench_train.py --parts step,memory --shape s5
+    python experiments/bench_train.py --parts lrt_step,lrt_memory,lrt_compile --out bench_train_lrt.json
 
 Parts:
   step     ms/step of the baseline (recurrence off), Jacobi with fixed sweeps and
@@ -17,6 +18,15 @@ Parts:
   memory   temporary bytes of the compiled step (XLA memory_analysis) as D_f grows
            (D_b fixed) and as D_b grows, for each remat policy.
   compile  compile seconds of the 30-layer step: scanned segments vs unrolled layers.
+  lrt_step LRT (layerwise, the release's init) at --lrt_shape: ms/step of interleaved
+           S = 2, 3, chunked S = 2 and multi-refine K = 3 against the plain backbone's
+           step (recurrence=None), alternating, medians.
+  lrt_memory
+           temporary bytes of the compiled LRT steps as S (interleaved) and K
+           (multi-refine) grow, and of the plain step.
+  lrt_compile
+           compile seconds of the plain, interleaved S = 2, 3, 8 and multi-refine K = 3
+           steps.
 """
 
 from __future__ import annotations
@@ -35,6 +45,98 @@ SHAPES = {
     "s5": (dict(vocab_size=188, d_model=64, n_layers=4, n_heads=4, d_ff=256, max_seq_len=512,
                 rope_theta=None), 1, 2, 32, 168),
 }
+
+
+LRT_SHAPES = {
+    # name: (ModelConfig kwargs, batch, seq_len)
+    # nanochat's backbone at depth 6 (d_model 384, 3 heads of 128, vocab 32768)
+    "nanochat-d6": (dict(n_layers=6, d_model=384, n_heads=3, n_kv_heads=3, d_ff=1536,
+                         max_seq_len=2048), 4, 256),
+    # the S5 jobs' Llama backbone (configs/s5_retrieval_lrt.py)
+    "s5": (SHAPES["s5"][0], 32, 168),
+}
+
+
+def build_lrt(shape: str, **rec_kw):
+  from t2mlr_jax import LRTConfig, ModelConfig
+  from t2mlr_jax.config import PRESETS
+  kw, B, T = LRT_SHAPES[shape]
+  base = {**PRESETS["nanochat-d12"], "value_embeds": None} if shape.startswith("nanochat") else {}
+  rec = LRTConfig(**{"gate_channels": min(32, kw["d_model"]), **rec_kw})
+  return ModelConfig(**{**base, **kw}, recurrence=rec), B, T
+
+
+def lrt_loss_and_grad(cfg, mode, **opts):
+  """jit(value_and_grad) of t2mlr_jax.loss under `mode` on (params, tokens)."""
+  import jax
+  from t2mlr_jax import loss
+  return jax.jit(jax.value_and_grad(lambda p, t: loss(p, cfg, t, mode=mode, **opts)))
+
+
+LRT_RUNS = {   # name: (mode, options); "baseline" is the backbone with recurrence=None
+    "baseline": ("parallel", {}),
+    "interleaved_S2": ("interleaved", {"passes": 2}),
+    "interleaved_S3": ("interleaved", {"passes": 3}),
+    "chunked_S2": ("chunked", {"passes": 2}),
+    "multi_refine_K3": ("multi_refine", {"refine_passes": 3}),
+}
+
+
+def part_lrt_step(shape, repeats):
+  import jax
+  import numpy as np
+
+  import t2mlr_jax
+  cfg, B, T = build_lrt(shape)
+  params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
+  base_cfg = cfg.replace(recurrence=None)
+  base_params = t2mlr_jax.init_params(base_cfg, jax.random.PRNGKey(0))
+  tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (B, T)).astype(np.int32)
+  fns = {}
+  for name, (mode, opts) in LRT_RUNS.items():
+    c, p = (base_cfg, base_params) if name == "baseline" else (cfg, params)
+    fn = lrt_loss_and_grad(c, mode, **opts)
+    jax.block_until_ready(fn(p, tokens))                     # compile + first run
+    fns[name] = lambda fn=fn, p=p: fn(p, tokens)
+  times = bc.alternate(fns, repeats)
+  med = {k: bc.median(v) for k, v in times.items()}
+  return {"shape": shape, "batch": B, "seq_len": T, "params": cfg.num_params(),
+          "baseline_params": base_cfg.num_params(),
+          "ms_per_step": {k: round(v * 1e3, 1) for k, v in med.items()},
+          "ratio_to_baseline": {k: round(v / med["baseline"], 3) for k, v in med.items()},
+          "raw_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()}}
+
+
+def _lrt_compiled(cfg, B, T, mode, **opts):
+  import jax
+  import numpy as np
+
+  import t2mlr_jax
+  params = jax.eval_shape(lambda: t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0)))
+  tokens = jax.ShapeDtypeStruct((B, T), np.int32)
+  start = time.perf_counter()
+  compiled = lrt_loss_and_grad(cfg, mode, **opts).lower(params, tokens).compile()
+  return compiled, time.perf_counter() - start
+
+
+def part_lrt_memory(shape):
+  cfg, B, T = build_lrt(shape)
+  mb = lambda c, mode, **o: round(
+      _lrt_compiled(c, B, T, mode, **o)[0].memory_analysis().temp_size_in_bytes / 2**20, 1)
+  return {"shape": shape, "batch": B, "seq_len": T, "unit": "MiB",
+          "baseline": mb(cfg.replace(recurrence=None), "parallel"),
+          "interleaved_by_S": {S: mb(cfg, "interleaved", passes=S) for S in (1, 2, 3, 4, 8)},
+          "chunked_by_S": {S: mb(cfg, "chunked", passes=S) for S in (2, 4)},
+          "multi_refine_by_K": {K: mb(cfg, "multi_refine", refine_passes=K) for K in (1, 2, 3)}}
+
+
+def part_lrt_compile(shape):
+  cfg, B, T = build_lrt(shape)
+  sec = lambda c, mode, **o: round(_lrt_compiled(c, B, T, mode, **o)[1], 2)
+  return {"shape": shape, "n_layers": cfg.n_layers, "unit": "s",
+          "baseline": sec(cfg.replace(recurrence=None), "parallel"),
+          "interleaved_by_S": {S: sec(cfg, "interleaved", passes=S) for S in (2, 3, 8)},
+          "multi_refine_K3": sec(cfg, "multi_refine", refine_passes=3)}
 
 
 def build(shape: str, **rec_kw):
@@ -179,6 +281,7 @@ def main():
   p.add_argument("--workdir", default=os.path.join(bc.ROOT, "workdirs", "s5_length_sweep",
                                                    "word", "t2mlr_middle"),
                  help="trained S5 word-problem run for the step_trained part")
+  p.add_argument("--lrt_shape", default="nanochat-d6", choices=sorted(LRT_SHAPES))
   p.add_argument("--out", default=None)
   args = p.parse_args()
   results = {}
@@ -194,6 +297,12 @@ def main():
       results["memory"] = part_memory(args.shape)
     elif part == "compile":
       results["compile"] = part_compile(args.shape)
+    elif part == "lrt_step":
+      results["lrt_step"] = part_lrt_step(args.lrt_shape, args.repeats)
+    elif part == "lrt_memory":
+      results["lrt_memory"] = part_lrt_memory(args.lrt_shape)
+    elif part == "lrt_compile":
+      results["lrt_compile"] = part_lrt_compile(args.lrt_shape)
     else:
       p.error(f"unknown part {part!r}")
     print(part, {k: v for k, v in results[part].items() if k != "raw_seconds"}, flush=True)
@@ -203,7 +312,8 @@ def main():
     import json
     with open(previous) as f:
       old = json.load(f)
-    kept = ("step", "step_raw", "step_trained", "memory", "compile")
+    kept = ("step", "step_raw", "step_trained", "memory", "compile", "lrt_step",
+            "lrt_memory", "lrt_compile")
     results = {**{k: v for k, v in old.items() if k in kept},
                **results}
   print("wrote", bc.write_json(out, results))

@@ -115,6 +115,58 @@ def prefill_rows(d) -> list[str]:
   return out
 
 
+LRT_STEPS = (("interleaved_S2", "interleaved, S = 2"), ("interleaved_S3", "interleaved, S = 3"),
+             ("chunked_S2", "chunked, S = 2"), ("multi_refine_K3", "multi-refine, K = 3"))
+
+
+def lrt_train_rows(d, out_name) -> list[str]:
+  out = []
+  if "lrt_step" in d:
+    s = d["lrt_step"]
+    out += [f"**LRT train step, {s['shape']}** (`python experiments/bench_train.py "
+            f"--parts=lrt_step --lrt_shape={s['shape']} --out={out_name}`; {_machine(d)}). "
+            f"B={s['batch']}, T={s['seq_len']}, fp32, LRT-layerwise with the release's init "
+            f"({s['params'] / 1e6:.2f}M parameters; the plain backbone "
+            f"{s['baseline_params'] / 1e6:.2f}M); forward + backward of `t2mlr_jax.loss`; "
+            "medians, alternated.", "",
+            "| schedule | ms | × plain step |", "|---|---|---|",
+            f"| plain backbone (`recurrence=None`) | {s['ms_per_step']['baseline']:.0f} | 1.00 |"]
+    for key, label in LRT_STEPS:
+      if key in s["ms_per_step"]:
+        out.append(f"| {label} | {s['ms_per_step'][key]:.0f} | "
+                   f"{s['ratio_to_baseline'][key]:.2f}× |")
+    out.append("")
+  if "lrt_memory" in d:
+    m = d["lrt_memory"]
+    row = lambda by: ", ".join(f"{k}: {v:.0f}" for k, v in by.items())
+    out += [f"LRT peak temporary memory of the compiled step, MiB (XLA `memory_analysis`, "
+            f"same shape; `--parts=lrt_memory`): plain {m['baseline']:.0f}; interleaved by S "
+            f"{row(m['interleaved_by_S'])}; chunked by S {row(m['chunked_by_S'])}; "
+            f"multi-refine by K {row(m['multi_refine_by_K'])}.", ""]
+  if "lrt_compile" in d:
+    c = d["lrt_compile"]
+    out += [f"LRT compile seconds ({c['n_layers']} layers, `--parts=lrt_compile`): plain "
+            f"{c['baseline']}, interleaved S = 2 / 3 / 8: "
+            f"{' / '.join(str(v) for v in c['interleaved_by_S'].values())}, multi-refine "
+            f"K = 3: {c['multi_refine_K3']}.", ""]
+  return out
+
+
+def lrt_decode_rows(d) -> list[str]:
+  out = [f"**LRT decode** (`python experiments/bench_decode.py --recurrence=lrt --batch=1 "
+         f"--prompt={d['prompt']} --new={d['new_tokens']}`; {_machine(d)}). {d['shape']} "
+         "backbone, random weights with the release's LRT init, fp32, greedy; per-token "
+         "medians (generate N − generate 1, alternated); the value-embedding tables are "
+         "gathered, not streamed.", "",
+         "| batch | plain ms/token | LRT-layerwise ms/token | overhead | LRT-shared ms/token | overhead |",
+         "|---|---|---|---|---|---|"]
+  for b, r in d["batches"].items():
+    out.append(f"| {b} | {r['base_ms_per_token']:.1f} | {r['lrt_layerwise_ms_per_token']:.1f} | "
+               f"{100 * r['lrt_layerwise_overhead']:+.1f}% | {r['lrt_shared_ms_per_token']:.1f} | "
+               f"{100 * r['lrt_shared_overhead']:+.1f}% |")
+  return out
+
+
 def table() -> str:
   parts = []
   d = _load("bench_decode.json")
@@ -127,6 +179,13 @@ def table() -> str:
   p = _load("bench_prefill.json")
   if p:
     parts += prefill_rows(p) + [""]
+  for out_name in ("bench_train_lrt.json", "bench_train_lrt_s5.json"):
+    t = _load(out_name)
+    if t:
+      parts += lrt_train_rows(t, out_name)
+  d = _load("bench_decode_lrt.json")
+  if d:
+    parts += lrt_decode_rows(d) + [""]
   return "\n".join(parts).rstrip() + "\n"
 
 

@@ -1,9 +1,10 @@
 """Length generalisation on S5-style state tracking: T2MLR vs baselines (SPEC §7).
 
-Trains T2MLR (middle block), T2MLR (all layers), the RoPE transformer and the
-LSTM under one budget (same steps, batch, data and schedule; parameter counts
-within 10%), evaluates sequence accuracy per number of actions with the exact
-recurrence — including lengths longer than any seen in training — and writes
+Trains T2MLR (middle block), T2MLR (all layers), the RoPE transformer, the
+LSTM and LRT (interleaved S = 2, and S = T: exact training) under one budget (same
+steps, batch, data and schedule; parameter counts within 10%, LRT +20%: its
+value-embedding tables), evaluates sequence accuracy per number of actions with the
+exact recurrence — including lengths longer than any seen in training — and writes
 experiments/results/s5_length_sweep[_<preset>].json and a PNG plot.
 
     python experiments/s5_length_sweep.py --preset=word        # S3 word problem (~30 min)
@@ -32,6 +33,10 @@ MODELS = {   # name -> config module
     "t2mlr_all_layers": "s5_retrieval_all_layers",
     "transformer": "s5_retrieval_transformer",
     "lstm": "s5_retrieval_lstm",
+    "lrt": "s5_retrieval_lrt",
+    # LRT trained with S = T interleaved passes: exact training (the true recurrence)
+    "lrt_exact": ("s5_retrieval_lrt",
+                  lambda c: c.model.recurrence.update(passes=c.train.seq_len)),
 }
 PRESETS = {"word": "word", "retrieval": ""}
 
@@ -56,7 +61,10 @@ def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
   variant = PRESETS[preset]
   results = {}
   for name in models:
-    config = importlib.import_module(MODELS[name]).get_config(variant)
+    module, edit = MODELS[name] if isinstance(MODELS[name], tuple) else (MODELS[name], None)
+    config = importlib.import_module(module).get_config(variant)
+    if edit is not None:
+      edit(config)
     if steps:
       config.train.num_steps = steps
     config.train.eval_every = config.train.num_steps      # evaluate once, at the end
@@ -69,7 +77,7 @@ def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
     final = read_metrics(workdir, "eval")[-1]
     cfg = model_config(config)
     results[name] = {
-        "config": MODELS[name] + (f".py:{variant}" if variant else ".py"),
+        "config": module + (f".py:{variant}" if variant else ".py"),
         "params": cfg.num_params(), "steps": config.train.num_steps,
         "batch_size": config.train.batch_size, "lr": config.optimizer.lr,
         "train_seconds": round(seconds, 1),
@@ -81,6 +89,10 @@ def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
       r = config.model.recurrence
       results[name]["recurrence"] = {"l_start": r.l_start, "l_end": r.l_end,
                                      "d_forward": r.d_forward, "d_backward": r.d_backward}
+    elif config.model.recurrence.type == "lrt":
+      r = config.model.recurrence
+      results[name]["recurrence"] = {"type": "lrt", "train_mode": config.train.mode,
+                                     "passes": r.passes, "source_layer": r.source_layer}
     print(json.dumps({name: results[name]}), flush=True)
 
   stem = os.path.join(out_dir, "s5_length_sweep" + ("" if preset == "word" else f"_{preset}"))
@@ -116,7 +128,9 @@ def plot(report: dict, path: str) -> None:
   styles = {"t2mlr_middle": dict(marker="o", linestyle="-", linewidth=2.5, markersize=8),
             "t2mlr_all_layers": dict(marker="^", linestyle="-"),
             "transformer": dict(marker="s", linestyle="--"),
-            "lstm": dict(marker="x", linestyle=":", markersize=9)}
+            "lstm": dict(marker="x", linestyle=":", markersize=9),
+            "lrt": dict(marker="D", linestyle="-."),
+            "lrt_exact": dict(marker="d", linestyle="-.")}
   for name, r in report["models"].items():
     lengths = sorted(int(n) for n in r["seq_acc_by_length"])
     ax.plot(lengths, [r["seq_acc_by_length"][str(n)] for n in lengths],

@@ -21,6 +21,8 @@ import os
 
 from absl import app, flags
 
+from t2mlr_jax.model.modes import MODES
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory (its task's eval set)")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
 _TASK = flags.DEFINE_string("task", None, "downstream task: gsm8k, math500, arc_easy, "
@@ -31,8 +33,9 @@ _MODEL = flags.DEFINE_string("model", None, "Hugging Face directory or training 
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "directory with tokenizer.json "
                                  "(default: --model)")
 _OUTPUT = flags.DEFINE_string("output", None, "output file (--workdir) or directory (--task)")
-_MODE = flags.DEFINE_enum("mode", "exact", ["exact", "parallel", "jacobi"],
-                          "forward mode for --workdir evaluation (exact is the true recurrence)")
+_MODE = flags.DEFINE_enum("mode", "exact", list(MODES),
+                          "forward mode for --workdir evaluation (exact is the true recurrence; "
+                          "a training mode gives its training view)")
 _CHAT = flags.DEFINE_bool("chat", False, "wrap prompts in the tokenizer's chat template")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "generation length limit")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "prompts (or scoring requests) per batch")
