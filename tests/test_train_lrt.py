@@ -96,3 +96,17 @@ def test_switching_type_without_its_fields_names_them():
   with pytest.raises(ValueError, match=r"model.recurrence.l_start=1 is invalid: allowed a "
                      "field of lrt"):
     config_lib.recurrence_config("lrt", l_start=1)
+
+
+@pytest.mark.parametrize("variant,depth,width", [("d20", 20, 1280), ("d12", 12, 768)])
+def test_lrt_nanochat_configs_hold_the_release_recipe(variant, depth, width):
+  import lrt_nanochat
+  c = lrt_nanochat.get_config(variant)
+  cfg = config_lib.validate(c)
+  assert (cfg.n_layers, cfg.d_model, cfg.padded_vocab) == (depth, width, 32768)
+  assert cfg.recurrence.type == "lrt" and cfg.value_embeds is None and cfg.qk_norm
+  assert config_lib.train_mode(c, cfg) == "interleaved" and c.optimizer.name == "muon"
+  tokens = c.train.num_steps * c.train.batch_size * c.train.seq_len
+  assert tokens / lrt_nanochat.scaling_params(cfg) == pytest.approx(10, rel=1e-3)
+  with pytest.raises(ValueError, match="allowed one of"):
+    lrt_nanochat.get_config("d30")
