@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.config import LRTConfig, ModelConfig
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.layers import (Block, LayerSide, Rope, compute_dtype, final_norm,
                                     rms_normalize, rope_tables)
@@ -129,7 +129,7 @@ def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:
   layers without a table (adding zero leaves their values as they are). LRT's
   `recurrence.value_embeds`: (rows [L, B, T, N_kv·K],). None when neither."""
   rec = cfg.recurrence
-  if getattr(rec, "type", None) == "lrt" and rec.value_embeds:
+  if isinstance(rec, LRTConfig) and rec.value_embeds:
     return (params["layers"]["memory"]["ve"][:, tokens_BT],)
   if cfg.value_embeds is None:
     return None
