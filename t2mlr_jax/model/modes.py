@@ -395,8 +395,9 @@ def mode_options(cfg: ModelConfig, mode: str, T: int, **given) -> dict:
                      "(use t2mlr_jax.generate for decoding)")
   unknown = sorted(set(given) - set(ALL_OPTIONS))
   if unknown:
+    per_mode = "; ".join(f"{m}: {', '.join(o)}" for m, o in MODE_OPTIONS.items())
     raise ValueError(f"unknown option(s) {unknown}: allowed {', '.join(ALL_OPTIONS)} "
-                     f"({'; '.join(f'{m}: {chr(44).join(o)}' for m, o in MODE_OPTIONS.items())})")
+                     f"({per_mode})")
   given = {k: v for k, v in given.items() if v is not None}
   if rcfg is None:
     return {}
