@@ -29,3 +29,25 @@ def test_special_tokens_and_ignored_labels_leave_both_sums():
   assert float(nats) == pytest.approx(float(want), rel=1e-5)
   assert bits_per_byte(nats, nbytes) == pytest.approx(float(want) / (math.log(2) * 6), rel=1e-5)
   assert math.isnan(bits_per_byte(0.0, 0))
+
+
+def test_byte_level_bpe_lengths_add_up_to_the_text_bytes(tmp_path):
+  """A byte-level BPE trained here: the lengths of a text's tokens sum to its UTF-8
+  bytes, and special tokens have none."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  from t2mlr_jax.data.tokenizer import load_tokenizer
+  from t2mlr_jax.eval.bpb import hf_token_lengths
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  corpus = ["Shall I compare thee to a summer’s day?", "naïve café — déjà vu", "日本語のテキスト"] * 20
+  tok.train_from_iterator(corpus, trainers.BpeTrainer(
+      vocab_size=300, special_tokens=["<|bos|>"],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.save(str(tmp_path / "tokenizer.json"))
+  hf = load_tokenizer(str(tmp_path))
+  lengths = hf_token_lengths(hf)
+  assert lengths[tok.token_to_id("<|bos|>")] == 0
+  for text in corpus[:3] + ["unseen: Ωmega ✓"]:
+    ids = hf.encode(text)
+    assert int(lengths[ids].sum()) == len(text.encode("utf-8")), text
