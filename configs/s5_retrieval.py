@@ -2,7 +2,7 @@
 
 Variants (`--config=configs/s5_retrieval.py:VARIANT`):
   (default)  a CPU-sized run (16 min on 2 cores) on the group S3 that learns the state
-             and the lookup, see README "S5 experiments"
+             and the lookup, see docs/experiments.md
   word       the plain word problem on S3 (the CPU length sweep)
   tiny       seconds on CPU, for tests
   paper      the official setting (S5, 6 layers, H 384, NoPE, 400k steps,
@@ -57,7 +57,7 @@ def get_config(variant: str = ""):
     # to 16. D_f covers the recurrent span (2·8 + 1 tokens): exact caches in training.
     # The first 2000 steps draw actions from the subgroup Z2, so dictionaries hold at
     # most 2 pairs: the lookup circuit forms there and then carries over to S3's 6 keys.
-    # Without that stage the lookup stayed at chance for 5000 steps (README).
+    # Without that stage the lookup stayed at chance for 5000 steps (docs/experiments.md).
     c.model.update(vocab_size=188, d_model=64, n_layers=4, n_heads=4, d_ff=256,
                    max_seq_len=512, tie_embeddings=False)
     c.model.rope_theta = None

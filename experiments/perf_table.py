@@ -1,7 +1,7 @@
-"""README's Performance section, generated from the benchmark JSON files.
+"""docs/performance.md's tables, generated from the benchmark JSON files.
 
     python experiments/perf_table.py            # print the markdown
-    python experiments/perf_table.py --write    # replace it between the README markers
+    python experiments/perf_table.py --write    # replace it between the markers in docs/performance.md
 """
 
 from __future__ import annotations
@@ -197,11 +197,11 @@ def main():
   if not args.write:
     print(text)
     return
-  readme = os.path.join(ROOT, "README.md")
+  readme = os.path.join(ROOT, "docs", "performance.md")
   with open(readme) as f:
     s = f.read()
   if START not in s or END not in s:
-    raise SystemExit(f"README has no {START} ... {END} markers")
+    raise SystemExit(f"docs/performance.md has no {START} ... {END} markers")
   head, rest = s.split(START, 1)
   _, tail = rest.split(END, 1)
   with open(readme, "w") as f:

@@ -374,7 +374,7 @@ def length_curriculum(step: int, start: int, end: int, warmup_steps: int,
 
   warmup_steps = 0 means `end` right after the hold. The hold lets a short-sequence
   circuit form first: for S5-Retrieval short sequences also mean small dictionaries,
-  where the lookup is learned (README "S5 experiments").
+  where the lookup is learned (docs/experiments.md).
   Use with S5Source via functools.partial(length_curriculum, start=..., end=...,
   warmup_steps=..., hold_steps=...).
   """
@@ -419,7 +419,7 @@ def parse_group_curriculum(text: str, group: str) -> tuple[tuple[str, int], ...]
 def group_curriculum(step: int, stages: Sequence[tuple[str, int]], group: str) -> str:
   """The group of training step `step`: the first stage (name, until) with step < until,
   else `group`. Small groups first mean small S5-Retrieval dictionaries first, where the
-  lookup circuit forms (README "S5 experiments")."""
+  lookup circuit forms (docs/experiments.md)."""
   for name, until in stages:
     if step < until:
       return name

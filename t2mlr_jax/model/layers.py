@@ -163,7 +163,7 @@ def attend(q_BTNK, k_BSMK, v_BSMK, mask_BTS):
   in fp32; a query with no visible key (padding) attends to nothing (output 0).
   Heads run batch-major ([B, M, G·T, K]) through `_attention_core`, whose backward
   is written out: on XLA:CPU its forward+backward is 2.1x faster than autodiff of
-  `jax.nn.dot_product_attention` at the S5 shape (README "Performance").
+  `jax.nn.dot_product_attention` at the S5 shape (docs/performance.md).
   """
   B, T, N, K = q_BTNK.shape
   M = k_BSMK.shape[2]
@@ -273,7 +273,7 @@ def swiglu(x, w_gate, w_up, w_down):
 
   The backward is written out (saving x, x@gate and x@up): from autodiff's version
   XLA:CPU emits transposing elementwise fusions, making the MLP's forward+backward
-  3.4× slower at d_model 64 and 1.4× at the 135M shape (README "Performance"). Same
+  3.4× slower at d_model 64 and 1.4× at the 135M shape (docs/performance.md). Same
   math, same dtype as autodiff's (tests/test_layers.py).
   """
   return _swiglu_fwd(x, w_gate, w_up, w_down)[0]
