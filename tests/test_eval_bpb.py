@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from t2mlr_jax.data.byte_tokenizer import TOKENIZER, VOCAB_SIZE
-from t2mlr_jax.eval.bpb import bits_per_byte, bpb_sums, byte_tokenizer_lengths
+from t2mlr_jax.data.token_bytes import byte_tokenizer_lengths
+from t2mlr_jax.eval.bpb import bits_per_byte, bpb_sums
 
 
 def test_uniform_model_on_bytes_is_log2_of_the_vocabulary():
@@ -36,7 +37,7 @@ def test_byte_level_bpe_lengths_add_up_to_the_text_bytes(tmp_path):
   bytes, and special tokens have none."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
   from t2mlr_jax.data.tokenizer import load_tokenizer
-  from t2mlr_jax.eval.bpb import hf_token_lengths
+  from t2mlr_jax.data.token_bytes import hf_token_lengths
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()

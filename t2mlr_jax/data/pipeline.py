@@ -48,16 +48,22 @@ def _check_split(global_batch: int, process_count: int) -> int:
 
 def make_iterator(source, *, global_batch: int, seq_len: int, pad_id: int = 0,
                   shuffle: bool = False, seed: int = 0, num_threads: int = 1,
-                  prefetch: int = 4, process_index: int = 0,
-                  process_count: int = 1) -> grain.DatasetIterator:
+                  prefetch: int = 4, process_index: int = 0, process_count: int = 1,
+                  num_examples: int | None = None) -> grain.DatasetIterator:
   """Batches of this process's share of `source` (a random-access source of example dicts).
 
-  Multi-host callers pass jax.process_index()/process_count(); this module stays JAX-free.
+  num_examples larger than the source repeats it in epochs, each in a new shuffled order
+  when shuffle is set (a source already that long is read as is). Multi-host callers
+  pass jax.process_index()/process_count(); this module stays JAX-free.
   """
   per_process = _check_split(global_batch, process_count)
   ds = grain.MapDataset.source(source)
+  if len(ds) == 0:
+    raise ValueError("the data source is empty")
   if shuffle:
     ds = ds.shuffle(seed=seed)
+  if num_examples is not None and num_examples > len(ds):
+    ds = ds.repeat(-(-num_examples // len(ds)))[:num_examples]
   ds = ds[process_index::process_count]
   ds = ds.map(lambda ex: pad_example(ex, seq_len, pad_id))
   ds = ds.batch(per_process, drop_remainder=True)

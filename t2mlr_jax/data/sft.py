@@ -57,10 +57,10 @@ def _to_text(value):
   return value
 
 
-def read_tfds(spec: str, data_dir: Optional[str] = None) -> list[dict]:
-  """Records of a prepared TFDS dataset: spec = "NAME:SPLIT" (NAME may carry /config and
-  :version; SPLIT takes TFDS slicing, e.g. train[:1000]). Read through
-  `tfds.data_source` (ArrayRecord, random access, no TensorFlow); nothing is downloaded."""
+def open_tfds(spec: str, data_dir: Optional[str] = None):
+  """(random-access source, name, split) of a prepared TFDS dataset: spec = "NAME:SPLIT"
+  (NAME may carry /config and :version; SPLIT takes TFDS slicing, e.g. train[:1000]).
+  Read through `tfds.data_source` (ArrayRecord, no TensorFlow); nothing is downloaded."""
   head, bracket, slicing = spec.partition("[")      # slicing may hold ':' itself
   name, sep, split = head.rpartition(":")
   split += bracket + slicing
@@ -74,6 +74,12 @@ def read_tfds(spec: str, data_dir: Optional[str] = None) -> list[dict]:
     raise ValueError(f"cannot read TFDS dataset {name!r} split {split!r} from data_dir="
                      f"{data_dir or 'the TFDS default'}: {str(e).splitlines()[0]} (prepare it "
                      "with tfds build, in the ArrayRecord format)") from e
+  return source, name, split
+
+
+def read_tfds(spec: str, data_dir: Optional[str] = None) -> list[dict]:
+  """Records of a prepared TFDS dataset (see `open_tfds`), as Python values."""
+  source, name, split = open_tfds(spec, data_dir)
   records = [_to_text(dict(source[i])) for i in range(len(source))]
   if not records:
     raise ValueError(f"TFDS dataset {name!r} split {split!r} holds no records")

@@ -5,59 +5,14 @@ LRT paper's. Accumulate `bpb_sums` over held-out batches, then `bits_per_byte`."
 
 from __future__ import annotations
 
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
-import numpy as np
 
 from t2mlr_jax.losses import token_nll
-
-
-def byte_tokenizer_lengths() -> np.ndarray:
-  """[V] UTF-8 bytes of each id of the library's byte tokenizer: 0 for <pad>/<bos>/<eos>,
-  1 for each byte id."""
-  from t2mlr_jax.data import byte_tokenizer as bt
-  lengths = np.ones(bt.VOCAB_SIZE, np.int32)
-  lengths[:bt.OFFSET] = 0
-  return lengths
-
-
-def _byte_level_alphabet() -> dict:
-  """GPT-2's byte ↔ printable-character map (the ByteLevel pre-tokenizer's), inverted."""
-  keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
-  chars, n = list(keep), 0
-  for b in range(256):
-    if b not in keep:
-      keep.append(b)
-      chars.append(256 + n)
-      n += 1
-  return {chr(c): b for b, c in zip(keep, chars)}
-
-
-def hf_token_lengths(tokenizer) -> np.ndarray:
-  """[V] UTF-8 bytes of each id of a byte-level BPE `tokenizer.json` (GPT-2, Llama-3,
-  SmolLM2, nanochat style): the token's characters mapped back to bytes; 0 for special
-  (added, special=True) tokens. `tokenizer`: a `t2mlr_jax.data.tokenizer.HFTokenizer`."""
-  import json
-  tok = tokenizer.tokenizer
-  spec = json.loads(tok.to_str())
-  kinds = {(spec.get("pre_tokenizer") or {}).get("type"), (spec.get("decoder") or {}).get("type")}
-  pre = spec.get("pre_tokenizer") or {}
-  kinds |= {p.get("type") for p in pre.get("pretokenizers", [])}
-  if "ByteLevel" not in kinds:
-    raise ValueError(f"tokenizer {getattr(tokenizer, 'path', '')!r} is not byte-level BPE "
-                     "(no ByteLevel pre-tokenizer or decoder): allowed byte-level tokenizers, "
-                     "or pass token byte lengths to bpb_sums yourself")
-  special = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
-  alphabet = _byte_level_alphabet()
-  lengths = np.zeros(tokenizer.vocab_size, np.int32)
-  for i in range(tokenizer.vocab_size):
-    piece = tok.id_to_token(i)
-    if piece is None or i in special:
-      continue
-    lengths[i] = sum(1 if ch in alphabet else len(ch.encode("utf-8")) for ch in piece)
-  return lengths
+from t2mlr_jax.model.api import apply_model
 
 
 def bpb_sums(logits_BTV, labels_BT, token_bytes_V, mask_BT=None):
@@ -73,3 +28,27 @@ def bits_per_byte(nats, nbytes) -> float:
   """Bits per byte from accumulated sums (nan when no byte was predicted)."""
   nats, nbytes = float(nats), int(nbytes)
   return nats / (math.log(2) * nbytes) if nbytes else float("nan")
+
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mode"))
+def _bpb_batch(params, batch, token_bytes_V, cfg, mode):
+  logits = apply_model(params, cfg, batch, mode)[0]
+  nll, valid = token_nll(logits, batch["target_ids"])
+  nats, nbytes = bpb_sums(logits, batch["target_ids"], token_bytes_V)
+  return jnp.sum(nll), jnp.sum(valid), nats, nbytes
+
+
+def evaluate_bpb(params, cfg, batches, token_bytes_V, mode: str = "exact") -> dict:
+  """{'loss' (mean nats per supervised token), 'bpb', 'tokens', 'bytes'} of a model over
+  fixed batches (input_ids, target_ids, positions, ...) under one forward mode."""
+  token_bytes_V = jnp.asarray(token_bytes_V, jnp.int32)
+  nll_sum, count, nats, nbytes = 0.0, 0, 0.0, 0
+  for batch in batches:
+    out = _bpb_batch(params, {k: jnp.asarray(v) for k, v in batch.items()}, token_bytes_V,
+                     cfg, mode)
+    a, b, c, d = jax.device_get(out)
+    nll_sum, count = nll_sum + float(a), count + int(b)
+    nats, nbytes = nats + float(c), nbytes + int(d)
+  return {"loss": nll_sum / max(count, 1), "bpb": bits_per_byte(nats, nbytes),
+          "tokens": count, "bytes": nbytes}
