@@ -10,6 +10,12 @@ A downstream benchmark, from a training workdir or a Hugging Face directory:
         [--chat] [--max_new_tokens=512] [--batch_size=8] [--output=OUTDIR]
     python -m t2mlr_jax.evaluate --task=arc_easy --data=ARC-Easy-Test.jsonl --model=DIR
 
+Bits per byte on a prepared dataset's held-out blocks (t2mlr_jax.data.prepare), in the
+views parallel (recurrence off), the training view (Jacobi / interleaved) and exact:
+
+    python -m t2mlr_jax.evaluate --task=bpb --data=DATA_DIR --model=DIR [--split=validation]
+        [--blocks=256] [--mode=exact] [--batch_size=8] [--output=FILE.json]
+
 Tasks: gsm8k, math500 (greedy generation; strict/flexible/### extraction, last
 \\boxed{}), arc_easy, arc_challenge, hellaswag, piqa (log-likelihood; acc and
 acc_norm). The summary is printed; with --output, summary.json and
@@ -25,17 +31,23 @@ from t2mlr_jax.model.modes import MODES
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory (its task's eval set)")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
-_TASK = flags.DEFINE_string("task", None, "downstream task: gsm8k, math500, arc_easy, "
-                            "arc_challenge, hellaswag, piqa")
-_DATA = flags.DEFINE_string("data", None, "local JSONL file of the downstream task")
+_TASK = flags.DEFINE_string("task", None, "bpb (bits per byte on a prepared dataset) or a "
+                            "downstream task: gsm8k, math500, arc_easy, arc_challenge, "
+                            "hellaswag, piqa")
+_DATA = flags.DEFINE_string("data", None, "local JSONL file of the downstream task, or the "
+                            "prepared dataset directory for --task=bpb")
+_SPLIT = flags.DEFINE_string("split", "validation", "--task=bpb: the dataset split")
+_BLOCKS = flags.DEFINE_integer("blocks", None, "--task=bpb: blocks spread over the split "
+                               "(default: all)")
 _LABELS = flags.DEFINE_string("labels", None, "PIQA labels file (*-labels.lst), if separate")
 _MODEL = flags.DEFINE_string("model", None, "Hugging Face directory or training workdir")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "directory with tokenizer.json "
                                  "(default: --model)")
 _OUTPUT = flags.DEFINE_string("output", None, "output file (--workdir) or directory (--task)")
-_MODE = flags.DEFINE_enum("mode", "exact", list(MODES),
-                          "forward mode for --workdir evaluation (exact is the true recurrence; "
-                          "a training mode gives its training view)")
+_MODE = flags.DEFINE_enum("mode", None, list(MODES),
+                          "forward mode (default exact for --workdir; for --task=bpb every "
+                          "view). exact is the true recurrence; a training mode gives its "
+                          "training view")
 _CHAT = flags.DEFINE_bool("chat", False, "wrap prompts in the tokenizer's chat template")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "generation length limit")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "prompts (or scoring requests) per batch")
@@ -47,8 +59,7 @@ _BOS = flags.DEFINE_bool("add_bos", False, "prepend the tokenizer's BOS token")
 
 def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
   from t2mlr_jax import checkpoint
-  from t2mlr_jax.eval.runner import evaluate
-  from t2mlr_jax.train.tasks import get_task
+  from t2mlr_jax.train.tasks import get_task, run_eval
   ckpt = checkpoint.Checkpointer(workdir, read_only=True)
   step = ckpt.latest_step() if step is None else step
   ckpt.manager.close()
@@ -57,7 +68,7 @@ def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
   config = checkpoint.load_config(workdir, step)
   cfg, params = checkpoint.load(workdir, step)
   task = get_task(config)
-  results = evaluate(params, cfg, task.eval_batches(config), task.metrics, mode=mode)
+  results = run_eval(task, config, params, cfg, task.eval_batches(config), mode)
   return {"step": step, "task": config.data.task, "mode": mode, **results}
 
 
@@ -69,6 +80,58 @@ def load_model(path: str):
       os.path.join(path, "checkpoints")):
     return hf.from_hf(path)
   return checkpoint.load(path)
+
+
+def _trained_tokenizer_hash(model: str):
+  """The tokenizer hash of the prepared dataset a training workdir learned from (None
+  when the model is not such a workdir or the dataset is not readable here)."""
+  from t2mlr_jax.data import lm
+  config_file = os.path.join(model, "config.json")
+  if not os.path.isdir(os.path.join(model, "checkpoints")) or not os.path.isfile(config_file):
+    return None
+  with open(config_file) as f:
+    data = json.load(f).get("data", {})
+  if data.get("task") != "lm" or not data.get("path"):
+    return None
+  try:
+    return lm.read_manifest(data["path"])["tokenizer"]["sha256"]
+  except (ValueError, OSError):
+    return None
+
+
+def views_for(cfg) -> list[str]:
+  """parallel, the training view and exact for a recurrent model; parallel otherwise."""
+  from t2mlr_jax.model.modes import TRAINING_MODES
+  rec = getattr(cfg, "recurrence", None)
+  if rec is None:
+    return ["parallel"]
+  return ["parallel", TRAINING_MODES[type(rec)][0], "exact"]
+
+
+def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
+                      blocks=None, modes=None, batch_size: int = 8) -> dict:
+  """Bits per byte of a model on a prepared dataset's split, in each view."""
+  from t2mlr_jax.data import lm
+  from t2mlr_jax.data.pipeline import stack_batches
+  from t2mlr_jax.eval.bpb import evaluate_bpb
+  manifest = lm.read_manifest(data)
+  cfg, params = load_model(model)
+  block, vocab = manifest["block_size"], manifest["tokenizer"]["vocab_size"]
+  if block > cfg.max_seq_len:
+    raise ValueError(f"--data block size {block} is larger than the model's max_seq_len="
+                     f"{cfg.max_seq_len}")
+  if vocab > cfg.vocab_size:
+    raise ValueError(f"--data tokenizer has {vocab} tokens, the model only {cfg.vocab_size}")
+  trained = _trained_tokenizer_hash(model)
+  if trained is not None and trained != manifest["tokenizer"]["sha256"]:
+    raise ValueError(f"--data {data!r} was tokenized with another tokenizer than the one "
+                     f"{model!r} was trained with (sha256 {trained[:12]}…)")
+  examples = lm.spread(lm.BlockSource(data, split), blocks)
+  batches = stack_batches(examples, block, batch_size)
+  token_bytes = lm.token_bytes(data)
+  views = {m: evaluate_bpb(params, cfg, batches, token_bytes, mode=m)
+           for m in (modes or views_for(cfg))}
+  return {"data": data, "split": split, "blocks": len(examples), "views": views}
 
 
 def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, chat=False,
@@ -98,6 +161,21 @@ def main(argv):
   del argv
   from t2mlr_jax.train.metrics import quiet_absl_logs
   quiet_absl_logs()
+  if _TASK.value == "bpb":
+    if not _DATA.value or not _MODEL.value:
+      raise app.UsageError("--task=bpb needs --data and --model")
+    try:
+      results = evaluate_bpb_task(_DATA.value, _MODEL.value, split=_SPLIT.value,
+                                  blocks=_BLOCKS.value,
+                                  modes=[_MODE.value] if _MODE.value else None,
+                                  batch_size=_BATCH.value)
+    except ValueError as e:
+      raise SystemExit(f"error: {e}") from None
+    if _OUTPUT.value:
+      with open(_OUTPUT.value, "w") as f:
+        json.dump(results, f, indent=2)
+    print(json.dumps(results, indent=2))
+    return
   if _TASK.value:
     if not _DATA.value or not _MODEL.value:
       raise app.UsageError("--task needs --data and --model")
@@ -116,7 +194,7 @@ def main(argv):
     return
   if not _WORKDIR.value:
     raise app.UsageError("give --workdir (a training run) or --task/--data/--model")
-  results = evaluate_checkpoint(_WORKDIR.value, _STEP.value, _MODE.value)
+  results = evaluate_checkpoint(_WORKDIR.value, _STEP.value, _MODE.value or "exact")
   out = _OUTPUT.value or os.path.join(_WORKDIR.value, f"eval_step{results['step']}.json")
   with open(out, "w") as f:
     json.dump(results, f, indent=2)

@@ -73,7 +73,10 @@ def base_config() -> config_dict.ConfigDict:
                 format="auto",
                 tokenizer=config_dict.placeholder(str), chat=False, add_bos=False,
                 packed=True, too_long="error", eval_limit=256,
-                shuffle=False, num_threads=1, prefetch=4)
+                shuffle=False, num_threads=1, prefetch=4,
+                # task "lm": data.path is a prepared dataset (t2mlr_jax.data.prepare)
+                mask_documents=True, train_split="train", eval_split="validation",
+                eval_blocks=config_dict.placeholder(int))
   c.mesh = dict(data=-1, fsdp=1, tensor=1)
   return c
 

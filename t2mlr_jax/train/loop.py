@@ -23,7 +23,6 @@ from absl import logging
 from t2mlr_jax import checkpoint as ckpt_lib
 from t2mlr_jax import flops, sharding
 from t2mlr_jax.data.pipeline import make_iterator
-from t2mlr_jax.eval.runner import evaluate
 from t2mlr_jax.train import config as config_lib
 from t2mlr_jax.train import tasks as tasks_lib
 from t2mlr_jax.train.metrics import MetricsWriter, Progress
@@ -124,8 +123,9 @@ def _step_flops(cfg, t, mode):
 
 def train(config, workdir: str, *, progress: bool = True) -> dict:
   """Train (or resume) per `config` in `workdir`; returns the last logged metrics."""
-  cfg = config_lib.validate(config)
   task = tasks_lib.get_task(config)
+  tasks_lib.check_source(config, task)
+  cfg = config_lib.validate(config)
   tasks_lib.validate_data(config, task)
   t = config.train
   mesh = sharding.make_mesh(dict(config.mesh))
@@ -147,7 +147,8 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
                               shuffle=config.data.shuffle, seed=t.seed,
                               num_threads=config.data.num_threads, prefetch=config.data.prefetch,
                               process_index=jax.process_index(),
-                              process_count=jax.process_count())
+                              process_count=jax.process_count(),
+                              num_examples=t.num_steps * t.batch_size)
     shardings = state_shardings(cfg, tx, mesh)
     writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, enabled=is_main)))
     latest = ckpt.latest_step()
@@ -216,15 +217,16 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
         if step % t.eval_every == 0 or step == t.num_steps:
           if eval_batches is None:
             eval_batches = task.eval_batches(config)
-          results = evaluate(state.params, cfg, eval_batches, task.metrics)
-          if getattr(cfg, "recurrence", None) is not None:
-            # the same batches with zero memory: what the recurrence adds
-            results["parallel"] = evaluate(state.params, cfg, eval_batches, task.metrics,
-                                           mode="parallel")
+          results = tasks_lib.run_eval(task, config, state.params, cfg, eval_batches)
+          # the same batches with zero memory (what the recurrence adds) and, for language
+          # modelling, in the training view too
+          for view in tasks_lib.eval_views(task, cfg, mode):
+            results[view] = tasks_lib.run_eval(task, config, state.params, cfg, eval_batches,
+                                               mode=view)
           writer.write(step, results, kind="eval")
-          _say(f"step {step} eval (exact): " + _summary(results) + (
-              f" | zero memory (parallel): {_summary(results['parallel'])}"
-              if "parallel" in results else ""))
+          _say(f"step {step} eval (exact): " + _summary(results) + "".join(
+              f" | {view}: {_summary(v)}" for view, v in results.items()
+              if isinstance(v, dict)))
           window_start = time.perf_counter()
         if step % t.checkpoint_every == 0 or step == stop_at or stop.received:
           save(step)

@@ -7,7 +7,7 @@ deterministic per index), fixed evaluation batches, and a metrics accumulator.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 from t2mlr_jax.config import invalid
 from t2mlr_jax.data import pipeline, s5, sft, variable_assignment
@@ -22,6 +22,9 @@ class Task(NamedTuple):
   eval_batches: Callable       # (config) -> list of padded batch dicts
   metrics: Callable            # () -> accumulator with update(pred, batch) / result()
   max_train_len: Callable      # (config) -> the longest training example
+  # (config, params, cfg, batches, mode) -> results; None: eval.runner.evaluate + metrics
+  evaluate: Optional[Callable] = None
+  train_views: bool = False    # evaluations add the training mode's view
 
 
 def _fail(field, value, allowed):
@@ -165,6 +168,46 @@ def _sft_max_len(config):
   return max(len(src[i]["input_ids"]) for i in range(len(src)))
 
 
+def _lm_source(config, split):
+  from t2mlr_jax.data.lm import BlockSource
+  d = config.data
+  if not d.path:
+    _fail("data.path", d.path, "a prepared dataset directory (python -m "
+          "t2mlr_jax.data.prepare)")
+  return BlockSource(d.path, split, mask_documents=d.mask_documents)
+
+
+def _lm_train_source(config, num_examples):
+  del num_examples      # the pipeline repeats the blocks in epochs
+  return _lm_source(config, config.data.train_split)
+
+
+def _lm_eval_batches(config):
+  from t2mlr_jax.data.lm import spread
+  n = config.data.eval_blocks
+  if n is not None and n < 1:
+    _fail("data.eval_blocks", n, "None (every block) or an integer >= 1")
+  examples = spread(_lm_source(config, config.data.eval_split), n)
+  return pipeline.stack_batches(examples, len(examples[0]["input_ids"]),
+                                config.data.eval_batch_size)
+
+
+def _lm_evaluate(config, params, cfg, batches, mode):
+  from t2mlr_jax.data.lm import token_bytes
+  from t2mlr_jax.eval.bpb import evaluate_bpb
+  return evaluate_bpb(params, cfg, batches, token_bytes(config.data.path), mode=mode)
+
+
+def _lm_block_size(config):
+  from t2mlr_jax.data.lm import read_manifest
+  if not config.data.path:
+    _fail("data.path", config.data.path, "a prepared dataset directory")
+  try:
+    return read_manifest(config.data.path)["block_size"]
+  except ValueError as e:
+    _fail("data.path", config.data.path, f"a prepared dataset directory ({e})")
+
+
 _REGISTRY = {
     "s5_retrieval": _make_s5("s5_retrieval", False),
     "s5_word_problem": _make_s5("s5_word_problem", True),
@@ -173,6 +216,9 @@ _REGISTRY = {
                                 SequenceMetrics, _va_max_len),
     # supervised fine-tuning on JSONL (GSM8K-Aug or {prompt, response}), HF tokenizer
     "sft": Task("sft", _sft_train_source, _sft_eval_batches, SequenceMetrics, _sft_max_len),
+    # language modelling on a prepared dataset (data.prepare); bits per byte in 3 views
+    "lm": Task("lm", _lm_train_source, _lm_eval_batches, None, _lm_block_size,
+               evaluate=_lm_evaluate, train_views=True),
 }
 TASKS = tuple(_REGISTRY)
 
@@ -182,6 +228,51 @@ def get_task(config) -> Task:
   if name not in _REGISTRY:
     _fail("data.task", name, f"one of {sorted(_REGISTRY)}")
   return _REGISTRY[name]
+
+
+def run_eval(task: Task, config, params, cfg, batches, mode: str = "exact") -> dict:
+  """The task's evaluation of `params` on fixed batches under one forward mode."""
+  if task.evaluate is not None:
+    return task.evaluate(config, params, cfg, batches, mode)
+  from t2mlr_jax.eval.runner import evaluate
+  return evaluate(params, cfg, batches, task.metrics, mode=mode)
+
+
+def eval_views(task: Task, cfg, train_mode: str) -> tuple[str, ...]:
+  """The views evaluated beside `exact` for a recurrent model: `parallel` (zero
+  memory) and, where the task asks, the training mode's."""
+  if getattr(cfg, "recurrence", None) is None:
+    return ()
+  extra = (train_mode,) if task.train_views and train_mode not in ("exact", "parallel") else ()
+  return ("parallel",) + extra
+
+
+def _validate_lm(config) -> None:
+  from t2mlr_jax.data.lm import read_manifest
+  d = config.data
+  manifest = read_manifest(d.path)
+  block, m = manifest["block_size"], config.model
+  if m.arch != "lstm" and block > m.max_seq_len:
+    _fail("model.max_seq_len", m.max_seq_len, f">= the block size {block} of data.path="
+          f"{d.path} (prepare the data with a smaller --block_size)")
+  if config.train.seq_len != block:
+    _fail("train.seq_len", config.train.seq_len, f"{block}, the block size of data.path="
+          f"{d.path} (blocks are never cut or padded)")
+  vocab = manifest["tokenizer"]["vocab_size"]
+  if not m.get("init_from") and m.vocab_size < vocab:
+    _fail("model.vocab_size", m.vocab_size, f">= {vocab}, the vocabulary of data.path="
+          f"{d.path}'s tokenizer")
+  for field, split in (("data.train_split", d.train_split), ("data.eval_split", d.eval_split)):
+    if split not in manifest["splits"]:
+      _fail(field, split, f"a split of data.path={d.path}: {sorted(manifest['splits'])}")
+
+
+def check_source(config, task: Task) -> None:
+  """Checks of a prepared dataset against the config, run before the model's own (so a
+  block size larger than model.max_seq_len is named as such)."""
+  if task.name == "lm":
+    _lm_block_size(config)
+    _validate_lm(config)
 
 
 def validate_data(config, task: Task) -> None:
