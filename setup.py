@@ -21,6 +21,8 @@ setup(
         "absl-py>=2.0,<3",
         "safetensors>=0.4,<1",
         "tokenizers>=0.20,<1",
+        "array-record>=0.5,<1",
+        "pyarrow>=14",
         "jinja2>=3.1,<4",
         "tensorboardX>=2.6,<3",
         "tqdm>=4.66,<5",
