@@ -23,13 +23,14 @@ setup(
         "tokenizers>=0.20,<1",
         "array-record>=0.5,<1",
         "pyarrow>=14",
+        "gguf>=0.17,<1",
         "jinja2>=3.1,<4",
         "tensorboardX>=2.6,<3",
         "tqdm>=4.66,<5",
         "matplotlib>=3.8,<4",
     ],
     extras_require={
-        "test": ["pytest>=8,<10", "torch==2.13.0", "transformers>=4.57,<6"],
+        "test": ["pytest>=8,<10", "torch==2.13.0", "transformers>=4.57,<6", "accelerate>=1.0,<2"],
         "tpu": ["jax[tpu]>=0.7,<0.12"],
     },
 )

@@ -5,6 +5,10 @@
         params + model.json + the tokenizer files) that training starts from with
         --config.model.init_from=OUT. With --l_start/--l_end a T2MLR block is added
         (γ = 0: the model still computes the pretrained function).
+    python -m t2mlr_jax.convert --from-gguf MODEL.gguf --to OUT [--l_start=.. --l_end=..]
+        a Llama-architecture GGUF file (any quantisation the gguf package reads,
+        dequantized) -> a parameter export OUT with tokenizer.json and
+        tokenizer_config.json rebuilt from the file's metadata (chat template included).
     python -m t2mlr_jax.convert --from RUN_OR_EXPORT --to-hf HF_DIR [--dtype=bfloat16]
         a training workdir (latest or --step checkpoint) or an export -> HF directory
         (base weights loadable by transformers; recurrence in t2mlr_recurrence.safetensors).
@@ -34,8 +38,9 @@ def main(argv=None):
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--from-hf", dest="from_hf", help="Hugging Face model directory")
+  src.add_argument("--from-gguf", dest="from_gguf", help="Llama-architecture GGUF file")
   src.add_argument("--from", dest="from_ckpt", help="training workdir or parameter export")
-  p.add_argument("--to", help="output parameter export (with --from-hf)")
+  p.add_argument("--to", help="output parameter export (with --from-hf or --from-gguf)")
   p.add_argument("--to-hf", dest="to_hf", help="output Hugging Face directory (with --from)")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (with --from)")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -47,14 +52,25 @@ def main(argv=None):
   from t2mlr_jax import checkpoint
   from t2mlr_jax.config import T2MLRConfig
   from t2mlr_jax.convert import hf
-  if args.from_hf:
+  if args.from_hf or args.from_gguf:
     if not args.to:
-      p.error("--from-hf needs --to OUT")
+      p.error("--from-hf / --from-gguf need --to OUT")
     recurrence = None
     if (args.l_start is None) != (args.l_end is None):
       p.error("give both --l_start and --l_end to add a T2MLR block")
     if args.l_start is not None:
       recurrence = T2MLRConfig(l_start=args.l_start, l_end=args.l_end, gate_gain=args.gate_gain)
+    if args.from_gguf:
+      from t2mlr_jax.convert import gguf
+      try:
+        cfg, params, tokenizer = gguf.from_gguf(args.from_gguf, recurrence=recurrence,
+                                                dtype=args.dtype)
+      except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+      checkpoint.export(cfg, params, args.to)
+      copied = tokenizer.save(args.to)
+      print(f"wrote {args.to} ({cfg.num_params():,} parameters; tokenizer files: {copied})")
+      return
     cfg, params = hf.from_hf(args.from_hf, recurrence=recurrence)
     checkpoint.export(cfg, params, args.to)
     copied = copy_tokenizer(args.from_hf, args.to)

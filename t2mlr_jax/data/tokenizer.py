@@ -30,22 +30,33 @@ class HFTokenizer:
     file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(file):
       raise ValueError(f"{path!r} has no tokenizer.json (only fast tokenizers are supported)")
-    self.path = path
-    self.tokenizer = Tokenizer.from_file(file)
     config = {}
     cfg_file = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(cfg_file):
       with open(cfg_file) as f:
         config = json.load(f)
+    template_file = os.path.join(path, "chat_template.jinja")
+    if config.get("chat_template") is None and os.path.isfile(template_file):
+      with open(template_file) as f:
+        config["chat_template"] = f.read()
+    self._setup(Tokenizer.from_file(file), config, path)
+
+  @classmethod
+  def from_objects(cls, tokenizer, config: dict, path: str = "") -> "HFTokenizer":
+    """From a `tokenizers.Tokenizer` and a tokenizer_config.json dict (e.g. built from a
+    GGUF file's metadata)."""
+    self = cls.__new__(cls)
+    self._setup(tokenizer, dict(config), path)
+    return self
+
+  def _setup(self, tokenizer, config: dict, path: str) -> None:
+    self.path = path
+    self.tokenizer = tokenizer
     self.config = config
     self.chat_template = config.get("chat_template")
     if isinstance(self.chat_template, list):    # named templates: take "default"
       named = {t["name"]: t["template"] for t in self.chat_template}
       self.chat_template = named.get("default", next(iter(named.values())))
-    template_file = os.path.join(path, "chat_template.jinja")
-    if self.chat_template is None and os.path.isfile(template_file):
-      with open(template_file) as f:
-        self.chat_template = f.read()
     self.bos_token = _token_text(config.get("bos_token"))
     self.eos_token = _token_text(config.get("eos_token"))
     self.pad_token = _token_text(config.get("pad_token"))
@@ -53,6 +64,16 @@ class HFTokenizer:
     self.eos_id = self._id(self.eos_token)
     self.pad_id = self._id(self.pad_token)
     self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+  def save(self, directory: str) -> list[str]:
+    """Write tokenizer.json and tokenizer_config.json (with the chat template) there."""
+    os.makedirs(directory, exist_ok=True)
+    self.tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    config = {**self.config, "chat_template": self.chat_template}
+    config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+      json.dump({k: v for k, v in config.items() if v is not None}, f, indent=2)
+    return ["tokenizer.json", "tokenizer_config.json"]
 
   def _id(self, token: Optional[str]) -> Optional[int]:
     return None if token is None else self.tokenizer.token_to_id(token)

@@ -1,0 +1,220 @@
+"""Llama-architecture GGUF files (llama.cpp's format) -> our config, parameters and
+tokenizer, read with the `gguf` package (llama.cpp's own reader and dequantizers).
+
+    cfg, params, tokenizer = from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
+
+Metadata `llama.*` gives the shape (context length, widths, heads, KV heads, RoPE base,
+RMS ε, vocabulary; no `output.weight` tensor means a tied head). Tensors are
+dequantized to fp32 (every type `gguf.quants` dequantizes: F32, F16, BF16, Q4_0/1,
+Q5_0/1, Q8_0, the K-quants, IQ-types, ...); llama.cpp's converter permutes the rows of
+Q and K for its RoPE layout, which is undone here. The tokenizer is rebuilt from
+`tokenizer.ggml.*` (byte-level BPE: tokens, merges, the pre-tokenizer named by
+`tokenizer.ggml.pre`, control tokens as special tokens) with the file's chat template
+and BOS/EOS/PAD, as the library's `HFTokenizer` (`tokenizer.save(dir)` exports
+tokenizer.json and tokenizer_config.json).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.convert import hf
+
+ARCHITECTURES = ("llama",)
+_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+          "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
+           "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+
+# Split patterns of byte-level BPE pre-tokenizers (llama.cpp's `tokenizer.ggml.pre`).
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# pre type -> (split digits one by one first, split pattern)
+PRE_TOKENIZERS = {"default": (False, _GPT2), "gpt2": (False, _GPT2),
+                  "smollm": (True, _GPT2), "llama-bpe": (False, _LLAMA3),
+                  "llama3": (False, _LLAMA3), "qwen2": (False, _QWEN2)}
+CONTROL = 3                           # tokenizer.ggml.token_type of special tokens
+
+
+def _open(path: str):
+  import gguf
+  if not os.path.isfile(path):
+    raise ValueError(f"GGUF file {path!r} does not exist")
+  try:
+    return gguf.GGUFReader(path, "r")
+  except Exception as e:       # the reader raises several types on a damaged file
+    raise ValueError(f"{path!r} is not a readable GGUF file (truncated or corrupt?): "
+                     f"{type(e).__name__}: {e}") from e
+
+
+def read_metadata(reader) -> dict[str, Any]:
+  """Every metadata field as a Python value (strings, numbers, lists)."""
+  out = {}
+  for name, field in reader.fields.items():
+    if name.startswith("GGUF."):
+      continue
+    out[name] = field.contents()
+  return out
+
+
+def _rope_scaling(meta: dict, arch: str) -> None:
+  kind = meta.get(f"{arch}.rope.scaling.type", "none")
+  if kind not in ("none", None):
+    raise ValueError(f"rope scaling type {kind!r} in the GGUF metadata is not supported: "
+                     "allowed none (refusing to load with wrong positions)")
+  return None
+
+
+def config_from_gguf(meta: dict, **overrides) -> ModelConfig:
+  """ModelConfig from a GGUF file's metadata (`llama.*` keys)."""
+  arch = meta.get("general.architecture")
+  if arch not in ARCHITECTURES:
+    raise ValueError(f"GGUF architecture {arch!r} is not supported: allowed {ARCHITECTURES}")
+  key = lambda k: f"{arch}.{k}"
+  missing = [k for k in ("block_count", "embedding_length", "feed_forward_length",
+                         "attention.head_count") if key(k) not in meta]
+  if missing:
+    raise ValueError(f"GGUF metadata lacks {[key(k) for k in missing]}")
+  d_model, n_heads = int(meta[key("embedding_length")]), int(meta[key("attention.head_count")])
+  vocab = meta.get(key("vocab_size"))
+  if vocab is None:
+    vocab = len(meta.get("tokenizer.ggml.tokens") or [])
+  head_dim = meta.get(key("attention.key_length"), d_model // n_heads)
+  fields = dict(
+      vocab_size=int(vocab), d_model=d_model, n_layers=int(meta[key("block_count")]),
+      n_heads=n_heads, n_kv_heads=int(meta.get(key("attention.head_count_kv"), n_heads)),
+      d_ff=int(meta[key("feed_forward_length")]), head_dim=int(head_dim),
+      max_seq_len=int(meta.get(key("context_length"), 2048)),
+      rope_theta=float(meta.get(key("rope.freq_base"), 10000.0)),
+      rope_scaling=_rope_scaling(meta, arch),
+      rms_norm_eps=float(meta.get(key("attention.layer_norm_rms_epsilon"), 1e-5)))
+  return ModelConfig(**{**fields, **overrides})
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+  """Undo llama.cpp's convert_hf_to_gguf `permute` of Q/K rows ([out, in])."""
+  return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+          .swapaxes(1, 2).reshape(w.shape))
+
+
+def _dequantize(tensor) -> np.ndarray:
+  import gguf
+  qtype = tensor.tensor_type
+  try:
+    values = gguf.quants.dequantize(tensor.data, qtype)
+  except NotImplementedError:
+    raise ValueError(f"tensor {tensor.name!r} has quantisation type {qtype.name}, which the "
+                     "gguf package cannot dequantize: allowed F32, F16, "
+                     f"{', '.join(sorted(t.name for t in gguf.quants._type_traits))}") from None
+  shape = tuple(int(n) for n in reversed(tensor.shape))      # GGML [ne0, ne1] -> [ne1, ne0]
+  return np.asarray(values, np.float32).reshape(shape)
+
+
+def state_dict_from_gguf(reader, cfg: ModelConfig) -> dict[str, np.ndarray]:
+  """Hugging Face-named fp32 weights ([out, in]) of a llama GGUF file."""
+  sd = {}
+  for tensor in reader.tensors:
+    name = tensor.name
+    if name == "rope_freqs.weight":
+      raise ValueError("per-frequency RoPE factors (rope_freqs.weight, Llama 3.1 style) are "
+                       "not supported: allowed files without RoPE scaling")
+    if name in _GLOBAL:
+      hf_name = _GLOBAL[name]
+    else:
+      parts = name.split(".")
+      if (len(parts) != 4 or parts[0] != "blk" or parts[2] not in _LAYER
+          or not parts[1].isdigit()):
+        raise ValueError(f"GGUF tensor {name!r} is not part of a llama model")
+      if int(parts[1]) >= cfg.n_layers:
+        raise ValueError(f"GGUF tensor {name!r} is beyond the {cfg.n_layers} layers the "
+                         "metadata declares")
+      hf_name = f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
+    w = _dequantize(tensor)
+    if name.endswith(("attn_q.weight", "attn_q.bias")):
+      w = _unpermute(w, cfg.n_heads)
+    elif name.endswith(("attn_k.weight", "attn_k.bias")):
+      w = _unpermute(w, cfg.n_kv_heads)
+    sd[hf_name] = w
+  return sd
+
+
+def tokenizer_from_gguf(meta: dict, path: str = ""):
+  """The file's tokenizer as an `HFTokenizer` (byte-level BPE only)."""
+  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+  from t2mlr_jax.data.tokenizer import HFTokenizer
+  kind = meta.get("tokenizer.ggml.model")
+  if kind is None or "tokenizer.ggml.tokens" not in meta:
+    raise ValueError(f"{path!r} has no tokenizer in its metadata (tokenizer.ggml.*): pass a "
+                     "tokenizer directory instead")
+  if kind != "gpt2":
+    raise ValueError(f"GGUF tokenizer model {kind!r} is not supported: allowed 'gpt2' "
+                     "(byte-level BPE)")
+  pre = meta.get("tokenizer.ggml.pre", "default")
+  if pre not in PRE_TOKENIZERS:
+    raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported: allowed "
+                     f"{sorted(PRE_TOKENIZERS)}")
+  tokens = list(meta["tokenizer.ggml.tokens"])
+  merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+  tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                             ignore_merges=pre in ("llama-bpe", "llama3")))
+  digits, pattern = PRE_TOKENIZERS[pre]
+  steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
+  steps += [pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+  tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+  tok.decoder = decoders.ByteLevel()
+  types = meta.get("tokenizer.ggml.token_type") or []
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                          for t, kind_ in zip(tokens, types) if kind_ == CONTROL])
+  name = lambda key: (tokens[int(meta[key])] if key in meta and int(meta[key]) < len(tokens)
+                      else None)
+  config = {"bos_token": name("tokenizer.ggml.bos_token_id"),
+            "eos_token": name("tokenizer.ggml.eos_token_id"),
+            "pad_token": name("tokenizer.ggml.padding_token_id"),
+            "unk_token": name("tokenizer.ggml.unknown_token_id"),
+            "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            "chat_template": meta.get("tokenizer.chat_template"),
+            "tokenizer_class": "PreTrainedTokenizerFast"}
+  return HFTokenizer.from_objects(tok, config, path)
+
+
+def from_gguf(path: str, *, recurrence=None, dtype: str = "float32", seed: int = 0):
+  """(ModelConfig, params, tokenizer) of a Llama-architecture GGUF file.
+
+  recurrence: a T2MLRConfig / LRTConfig to retrofit (fresh parameters; T2MLR starts with
+  γ = 0, so the model computes the GGUF model's function exactly). dtype: the
+  parameters' dtype ("float32" or "bfloat16"; they are dequantized in fp32 first).
+  """
+  import jax
+  import jax.numpy as jnp
+  if dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"dtype={dtype!r} is invalid: allowed 'float32' or 'bfloat16'")
+  reader = _open(path)
+  meta = read_metadata(reader)
+  names = {t.name for t in reader.tensors}
+  cfg = config_from_gguf(meta, tie_embeddings="output.weight" not in names,
+                         qkv_bias="blk.0.attn_q.bias" in names, recurrence=recurrence)
+  tokenizer = tokenizer_from_gguf(meta, path)
+  sd = state_dict_from_gguf(reader, cfg)
+  params = hf.base_params_from_state_dict(sd, cfg)
+  if cfg.recurrence is not None:
+    from t2mlr_jax.model import recurrence as rec
+    extra = rec.init_params(cfg, jax.random.PRNGKey(seed))
+    if extra is not None:
+      params["recurrence"] = jax.device_get(extra)
+    if rec.layer_module(cfg) is not None:
+      raise ValueError("recurrence types with per-layer parameters (LRT) cannot be "
+                       "retrofitted by from_gguf yet: allowed a T2MLRConfig")
+  if dtype == "bfloat16":
+    params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16)), params)
+  return cfg, params, tokenizer
