@@ -7,15 +7,16 @@ Public API:
   forward(params, cfg, tokens, mode=...)  logits: parallel / exact / jacobi / interleaved
   loss(params, cfg, tokens, mode=...)     the training loss of any model and mode
   generate(params, cfg, prompt, ...)      exact prefill + KV-cached decoding
+  stream(params, cfg, prompt, ...)        the same tokens, yielded one step at a time
 """
 
 from t2mlr_jax.config import LRTConfig, ModelConfig, RopeScaling, T2MLRConfig
 from t2mlr_jax.model.api import loss
-from t2mlr_jax.model.decode import generate
+from t2mlr_jax.model.decode import generate, stream
 from t2mlr_jax.model.modes import MODES, forward
 from t2mlr_jax.model.transformer import init_params
 
 __version__ = "0.1.0"
 
 __all__ = ["ModelConfig", "T2MLRConfig", "LRTConfig", "RopeScaling", "init_params",
-           "forward", "loss", "generate", "MODES", "__version__"]
+           "forward", "loss", "generate", "stream", "MODES", "__version__"]

@@ -114,6 +114,20 @@ def sample(logits_BV, key, temperature: float, top_k: Optional[int], top_p: Opti
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
+def _prefill_left_padded(params, cfg, prompt, lengths, cache_len, prompt_control_flow,
+                         method, tol):
+  """prefill() of left-padded prompts (row b's real tokens are its last lengths[b])."""
+  P = prompt.shape[1]
+  pad = P - lengths
+  t = jnp.arange(P)[None, :]
+  valid = t >= pad[:, None]
+  inp = SeqInputs(jnp.where(valid, prompt_control_flow, recurrence.CF_PAD).astype(jnp.int32),
+                  jnp.maximum(t - pad[:, None], 0).astype(jnp.int32), None)
+  return prefill(params, cfg, prompt, inp, cache_len,
+                 recurrent_prompt=prompt_control_flow == recurrence.CF_RECURRENT,
+                 method=method, tol=tol)
+
+
 @functools.partial(jax.jit, static_argnames=(
     "cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id",
     "prompt_control_flow", "return_logits", "prefill_method", "prefill_tol"))
@@ -121,14 +135,8 @@ def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, to
               eos_id, prompt_control_flow, return_logits, prefill_method, prefill_tol):
   B, P = prompt.shape
   N = max_new_tokens
-  pad = P - lengths
-  t = jnp.arange(P)[None, :]
-  valid = t >= pad[:, None]
-  inp = SeqInputs(jnp.where(valid, prompt_control_flow, recurrence.CF_PAD).astype(jnp.int32),
-                  jnp.maximum(t - pad[:, None], 0).astype(jnp.int32), None)
-  logits, state = prefill(params, cfg, prompt, inp, P + N,
-                          recurrent_prompt=prompt_control_flow == recurrence.CF_RECURRENT,
-                          method=prefill_method, tol=prefill_tol)
+  logits, state = _prefill_left_padded(params, cfg, prompt, lengths, P + N,
+                                       prompt_control_flow, prefill_method, prefill_tol)
   layers = split_layers(params["layers"])
   keys = jax.random.split(rng, N)
   fill = 0 if eos_id is None else eos_id
@@ -161,24 +169,9 @@ def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, to
   return (carry[3], carry[4]) if return_logits else carry[3]
 
 
-def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
-             temperature: float = 0.0, top_k: Optional[int] = None,
-             top_p: Optional[float] = None, eos_id: Optional[int] = None, rng=None,
-             prompt_lengths=None, prompt_control_flow: int = 2,
-             return_logits: bool = False, prefill: str = "exact",
-             prefill_tol: Optional[float] = None):
-  """New tokens [B, max_new_tokens] after `prompt_tokens` [B, P] (exact recurrence).
-
-  Prompts are left-padded: row b's real tokens are its last prompt_lengths[b]
-  entries (None: all P). Generated tokens are recurrent (cf 2); the prompt is
-  cf `prompt_control_flow` (2 for models trained with every token recurrent,
-  1 for SFT models trained with non-recurrent prompts, as the official
-  generate()). After a row emits `eos_id`, it repeats eos_id. With
-  return_logits, also the logits each token was chosen from [B, N, V].
-  prefill="jacobi" prefills the prompt with parallel Jacobi sweeps until
-  max|ΔR| < prefill_tol (at most P sweeps: exact when prefill_tol is None) instead
-  of token by token.
-  """
+def _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top_p, eos_id,
+                     rng, prompt_lengths, prompt_control_flow, prefill, prefill_tol):
+  """Validate generate()/stream() arguments; returns the prompt lengths [B]."""
   if prefill not in PREFILLS:
     raise ValueError(f"prefill={prefill!r} is invalid: allowed one of {PREFILLS}")
   if prefill == "jacobi" and cfg.recurrence is not None and not isinstance(
@@ -217,8 +210,85 @@ def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
       lo, hi = int(lengths.min()), int(lengths.max())
       if lo < 1 or hi > P:
         raise ValueError(f"prompt_lengths hold values in [{lo}, {hi}]: allowed 1..{P}")
+  return lengths
+
+
+def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
+             temperature: float = 0.0, top_k: Optional[int] = None,
+             top_p: Optional[float] = None, eos_id: Optional[int] = None, rng=None,
+             prompt_lengths=None, prompt_control_flow: int = 2,
+             return_logits: bool = False, prefill: str = "exact",
+             prefill_tol: Optional[float] = None):
+  """New tokens [B, max_new_tokens] after `prompt_tokens` [B, P] (exact recurrence).
+
+  Prompts are left-padded: row b's real tokens are its last prompt_lengths[b]
+  entries (None: all P). Generated tokens are recurrent (cf 2); the prompt is
+  cf `prompt_control_flow` (2 for models trained with every token recurrent,
+  1 for SFT models trained with non-recurrent prompts, as the official
+  generate()). After a row emits `eos_id`, it repeats eos_id. With
+  return_logits, also the logits each token was chosen from [B, N, V].
+  prefill="jacobi" prefills the prompt with parallel Jacobi sweeps until
+  max|ΔR| < prefill_tol (at most P sweeps: exact when prefill_tol is None) instead
+  of token by token.
+  """
+  lengths = _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top_p,
+                             eos_id, rng, prompt_lengths, prompt_control_flow, prefill,
+                             prefill_tol)
   rng = jax.random.PRNGKey(0) if rng is None else rng
   return _generate(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths, rng,
                    int(max_new_tokens), float(temperature), top_k,
                    None if top_p is None else float(top_p), eos_id, int(prompt_control_flow),
                    return_logits, prefill, None if prefill_tol is None else float(prefill_tol))
+
+
+_stream_prefill = jax.jit(_prefill_left_padded, static_argnames=(
+    "cfg", "cache_len", "prompt_control_flow", "method", "tol"))
+_split_layers = jax.jit(split_layers)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
+def _stream_step(params, layers, cfg, state, token_B):
+  return decode_step(params, cfg, state, token_B, layers)
+
+
+_sample = jax.jit(sample, static_argnames=("temperature", "top_k", "top_p"))
+
+
+def stream(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
+           temperature: float = 0.0, top_k: Optional[int] = None,
+           top_p: Optional[float] = None, eos_id: Optional[int] = None, rng=None,
+           prompt_lengths=None, prompt_control_flow: int = 2, prefill: str = "exact",
+           prefill_tol: Optional[float] = None, cache_len: Optional[int] = None):
+  """Yield each new token [B] (numpy) as soon as it is chosen: `generate`'s tokens, one
+  compiled step at a time (for chat and streaming). Stops after max_new_tokens or once
+  every row has emitted eos_id (later tokens of a finished row are eos_id). The same
+  arguments as `generate`; with the same rng the same tokens. cache_len (default
+  P + max_new_tokens) sizes the KV cache: a fixed value lets prompts of different
+  lengths reuse one compiled step."""
+  lengths = _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top_p,
+                             eos_id, rng, prompt_lengths, prompt_control_flow, prefill,
+                             prefill_tol)
+  P = prompt_tokens.shape[1]
+  cache_len = P + max_new_tokens if cache_len is None else int(cache_len)
+  if not P + max_new_tokens <= cache_len <= cfg.max_seq_len:
+    raise ValueError(f"cache_len={cache_len} is invalid: allowed prompt length {P} + "
+                     f"max_new_tokens {max_new_tokens} <= cache_len <= max_seq_len="
+                     f"{cfg.max_seq_len}")
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  keys = jax.random.split(rng, max_new_tokens)
+  logits, state = _stream_prefill(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths,
+                                  cache_len, int(prompt_control_flow), prefill,
+                                  None if prefill_tol is None else float(prefill_tol))
+  layers = _split_layers(params["layers"])
+  done = np.zeros(prompt_tokens.shape[0], bool)
+  sampling = dict(temperature=float(temperature), top_k=top_k,
+                  top_p=None if top_p is None else float(top_p))
+  for i in range(max_new_tokens):
+    token = np.asarray(_sample(logits, keys[i], **sampling))
+    if eos_id is not None:
+      token = np.where(done, eos_id, token)
+      done |= token == eos_id
+    yield token
+    if i + 1 == max_new_tokens or done.all():
+      return
+    logits, state = _stream_step(params, layers, cfg, state, jnp.asarray(token, jnp.int32))

@@ -1,0 +1,198 @@
+"""Chat with a model in the terminal, tokens printed as they are generated.
+
+    python -m t2mlr_jax.chat --model=SmolLM2-135M-Instruct.Q4_1.gguf
+    python -m t2mlr_jax.chat --model=HF_DIR_OR_EXPORT_OR_WORKDIR --prompt="Hello!"
+
+--model: a GGUF file, a Hugging Face directory, a parameter export or a training workdir
+(the tokenizer comes from the model, or --tokenizer=DIR). The conversation is rendered
+with the tokenizer's chat template; the prompt is non-recurrent (control flow 1, as chat
+and SFT models are trained) unless --prompt_control_flow=2. Interactive commands:
+/reset (new conversation), /quit. --prompt answers once and exits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+PROMPT_BUCKET = 64       # prompts are left-padded to a multiple (fewer prefill compiles)
+CACHE_BUCKET = 256       # KV cache sizes are multiples (fewer decode-step compiles)
+
+
+def load_chat_model(path: str, tokenizer: Optional[str] = None, dtype: str = "float32"):
+  """(cfg, params, tokenizer) from a GGUF file, an HF directory, an export or a workdir."""
+  from t2mlr_jax import checkpoint
+  from t2mlr_jax.data.tokenizer import load_tokenizer
+  if path.endswith(".gguf"):
+    from t2mlr_jax.convert.gguf import from_gguf
+    cfg, params, tok = from_gguf(path, dtype=dtype)
+    return cfg, params, load_tokenizer(tokenizer) if tokenizer else tok
+  if not os.path.exists(path):
+    raise ValueError(f"--model={path!r} does not exist")
+  if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
+      os.path.join(path, "checkpoints")):
+    from t2mlr_jax.convert import hf
+    cfg, params = hf.from_hf(path)
+    return cfg, params, load_tokenizer(tokenizer or path)
+  cfg, params = checkpoint.load(path)
+  if tokenizer is None:
+    if os.path.isfile(os.path.join(path, "tokenizer.json")):
+      tokenizer = path
+    else:
+      config = checkpoint.load_config(path)
+      tokenizer = config.data.get("tokenizer") or config.model.get("init_from")
+  if not tokenizer:
+    raise ValueError(f"no tokenizer found for {path!r}: pass --tokenizer=DIR (a directory "
+                     "with tokenizer.json)")
+  return cfg, params, load_tokenizer(tokenizer)
+
+
+def _round_up(n: int, k: int) -> int:
+  return -(-n // k) * k
+
+
+class ChatSession:
+  """A conversation with one model: `reply(text, on_text)` streams the answer."""
+
+  def __init__(self, cfg, params, tokenizer, *, system: Optional[str] = None,
+               max_new_tokens: int = 256, temperature: float = 0.0,
+               top_k: Optional[int] = None, top_p: Optional[float] = None, seed: int = 0,
+               prompt_control_flow: int = 1):
+    self.cfg, self.params, self.tok = cfg, params, tokenizer
+    self.system, self.max_new_tokens = system, max_new_tokens
+    self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    self.prompt_control_flow = prompt_control_flow
+    self.seed, self.turn = seed, 0
+    self.messages: list[dict] = []
+    if self.tok.eos_id is None:
+      raise ValueError("the tokenizer has no eos_token: answers would never end")
+
+  def reset(self) -> None:
+    self.messages = []
+
+  def _prompt_ids(self, messages) -> list[int]:
+    system = [{"role": "system", "content": self.system}] if self.system else []
+    if not self.tok.chat_template:         # a base model: the plain text of the turns
+      return self.tok.encode("\n".join(m["content"] for m in messages) + "\n")
+    return self.tok.encode(self.tok.apply_chat_template(system + messages))
+
+  def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None) -> dict:
+    """Append the user's turn, generate the answer (calling on_text with each new piece
+    of text), append it; returns the answer and timings."""
+    import jax
+
+    from t2mlr_jax import stream
+    messages = self.messages + [{"role": "user", "content": text}]
+    limit = self.cfg.max_seq_len - self.max_new_tokens
+    ids = self._prompt_ids(messages)
+    while len(ids) > limit and len(messages) > 1:     # forget the oldest exchanges
+      messages = messages[2:]
+      ids = self._prompt_ids(messages)
+    if len(ids) > limit:                  # the message alone is too long: keep the history
+      raise ValueError(f"the message needs {len(ids)} tokens; at most {limit} fit before "
+                       f"the {self.max_new_tokens} new tokens (max_seq_len="
+                       f"{self.cfg.max_seq_len})")
+    P = min(_round_up(len(ids), PROMPT_BUCKET), limit)
+    pad = self.tok.pad_id if self.tok.pad_id is not None else self.tok.eos_id
+    prompt = np.array([[pad] * (P - len(ids)) + ids], np.int32)
+    cache = min(_round_up(P + self.max_new_tokens, CACHE_BUCKET), self.cfg.max_seq_len)
+    rng = jax.random.PRNGKey(self.seed + self.turn)
+    self.turn += 1
+    out, shown, start, first = [], "", time.perf_counter(), None
+    for token in stream(self.params, self.cfg, prompt, max_new_tokens=self.max_new_tokens,
+                        eos_id=self.tok.eos_id, rng=rng, prompt_lengths=[len(ids)],
+                        prompt_control_flow=self.prompt_control_flow, cache_len=cache,
+                        **self.sampling):
+      first = time.perf_counter() if first is None else first
+      if int(token[0]) == self.tok.eos_id:
+        break
+      out.append(int(token[0]))
+      text_so_far = self.tok.decode(out)
+      if not text_so_far.endswith("\ufffd"):         # wait for a complete UTF-8 character
+        on_text(text_so_far[len(shown):])
+        shown = text_so_far
+    answer = self.tok.decode(out)
+    if answer != shown:
+      on_text(answer[len(shown):])
+    self.messages = messages + [{"role": "assistant", "content": answer}]
+    end = time.perf_counter()
+    return {"answer": answer, "tokens": len(out), "prompt_tokens": len(ids),
+            "time_to_first_token_s": (first or end) - start, "seconds": end - start}
+
+
+def main(argv=None):
+  from absl import app, flags
+  model = flags.DEFINE_string("model", None, "GGUF file, HF directory, export or workdir",
+                              required=True)
+  tokenizer = flags.DEFINE_string("tokenizer", None, "directory with tokenizer.json "
+                                  "(default: the model's)")
+  prompt = flags.DEFINE_string("prompt", None, "answer this one message and exit")
+  system = flags.DEFINE_string("system", None, "a system message")
+  max_new = flags.DEFINE_integer("max_new_tokens", 256, "answer length limit")
+  temperature = flags.DEFINE_float("temperature", 0.0, "0 = greedy")
+  top_k = flags.DEFINE_integer("top_k", None, "sample from the k likeliest tokens")
+  top_p = flags.DEFINE_float("top_p", None, "nucleus sampling mass")
+  seed = flags.DEFINE_integer("seed", 0, "sampling seed")
+  cf = flags.DEFINE_integer("prompt_control_flow", 1, "1: non-recurrent prompt (chat/SFT "
+                            "models); 2: recurrent")
+  max_seq_len = flags.DEFINE_integer("max_seq_len", 2048, "context limit of the chat "
+                                     "(capped by the model's)")
+  stats = flags.DEFINE_bool("stats", False, "print tokens/s and time to first token")
+
+  def run(argv):
+    del argv
+    from t2mlr_jax.train.metrics import quiet_absl_logs
+    quiet_absl_logs()
+    try:
+      cfg, params, tok = load_chat_model(model.value, tokenizer.value)
+      cfg = cfg.replace(max_seq_len=min(cfg.max_seq_len, max_seq_len.value))
+      session = ChatSession(cfg, params, tok, system=system.value,
+                            max_new_tokens=max_new.value, temperature=temperature.value,
+                            top_k=top_k.value, top_p=top_p.value, seed=seed.value,
+                            prompt_control_flow=cf.value)
+    except ValueError as e:
+      raise SystemExit(f"error: {e}") from None
+
+    def say(piece):
+      sys.stdout.write(piece)
+      sys.stdout.flush()
+
+    def answer(text):
+      try:
+        info = session.reply(text, say)
+      except ValueError as e:
+        print(f"error: {e}")
+        return
+      print()
+      if stats.value:
+        rate = info["tokens"] / max(info["seconds"] - info["time_to_first_token_s"], 1e-9)
+        print(f"[{info['prompt_tokens']} prompt tokens, {info['tokens']} new; first token "
+              f"{info['time_to_first_token_s'] * 1e3:.0f} ms, {rate:.1f} tokens/s]")
+
+    if prompt.value is not None:
+      answer(prompt.value)
+      return
+    print("(/reset: new conversation, /quit or Ctrl-D: exit)")
+    while True:
+      try:
+        text = input("you> ")
+      except (EOFError, KeyboardInterrupt):
+        print()
+        return
+      if text.strip() == "/quit":
+        return
+      if text.strip() == "/reset":
+        session.reset()
+        continue
+      if text.strip():
+        say("model> ")
+        answer(text)
+  app.run(run, argv)
+
+
+if __name__ == "__main__":
+  main()
