@@ -137,7 +137,6 @@ def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, to
   N = max_new_tokens
   logits, state = _prefill_left_padded(params, cfg, prompt, lengths, P + N,
                                        prompt_control_flow, prefill_method, prefill_tol)
-  layers = split_layers(params["layers"])
   keys = jax.random.split(rng, N)
   fill = 0 if eos_id is None else eos_id
   tokens = jnp.full((B, N), fill, jnp.int32)
@@ -154,6 +153,9 @@ def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, to
     return tok, tokens, step_logits, done
 
   tok, tokens, step_logits, done = emit(0, logits, tokens, step_logits, jnp.zeros((B,), bool))
+  if N == 1:                 # time to first token: no decode loop, no weight split
+    return (tokens, step_logits) if return_logits else tokens
+  layers = split_layers(params["layers"])
 
   def cond(carry):
     i, _, _, _, _, done = carry
@@ -279,7 +281,7 @@ def stream(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
   logits, state = _stream_prefill(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths,
                                   cache_len, int(prompt_control_flow), prefill,
                                   None if prefill_tol is None else float(prefill_tol))
-  layers = _split_layers(params["layers"])
+  layers = None               # split after the first token is out
   done = np.zeros(prompt_tokens.shape[0], bool)
   sampling = dict(temperature=float(temperature), top_k=top_k,
                   top_p=None if top_p is None else float(top_p))
@@ -291,4 +293,5 @@ def stream(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
     yield token
     if i + 1 == max_new_tokens or done.all():
       return
+    layers = _split_layers(params["layers"]) if layers is None else layers
     logits, state = _stream_step(params, layers, cfg, state, jnp.asarray(token, jnp.int32))

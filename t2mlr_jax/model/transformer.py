@@ -143,7 +143,7 @@ def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:
 
 
 def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=None,
-               index=None):
+               index=None, keep_last: bool = False):
   """Run layers first, first+1, ... over x; returns (x, per-layer keys/values).
 
   `layers`: a stacked tree [n, ...] (run with `lax.scan` when cfg.scan_layers; outputs
@@ -151,16 +151,20 @@ def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=N
   tuple). `kvs`: None (each layer attends over its own keys), per-layer decode caches
   [B·N_kv, S, K] with `index` the slot to write, or per-layer key buffers [B, S, N_kv, K]
   with `index` the rows to overwrite; in the same form as `layers`. With `ctx.collect`
-  each layer's output is (keys/values, its "intermediates" collection).
+  each layer's output is (keys/values, its "intermediates" collection). With keep_last,
+  each layer's output also holds its hidden state at the last position, (kv, [B, 1, D]):
+  a tap between layers of one scan, without cutting the stacked weights (a copy).
   """
   block = Block(cfg)
 
   def layer(x, p, kv, window, ve=None):
     args = (x, ctx.rope, ctx.mask, kv, index, ctx.side, window, ve)
     if not ctx.collect:
-      return block.apply({"params": p}, *args)
-    (y, out), state = block.apply({"params": p}, *args, mutable=["intermediates"])
-    return y, (out, state.get("intermediates", {}))
+      y, out = block.apply({"params": p}, *args)
+    else:
+      (y, out), state = block.apply({"params": p}, *args, mutable=["intermediates"])
+      out = (out, state.get("intermediates", {}))
+    return y, ((out, y[:, -1:]) if keep_last else out)
 
   layer = _remat(cfg, layer)
   unrolled = isinstance(layers, tuple)
