@@ -165,3 +165,27 @@ def test_decode_loop_updates_the_kv_cache_in_place(model, B):
   assert hlo.count(shape) > 0, "cache shape not found: the layout changed, update the test"
   copies = re.findall(re.escape(shape) + r"\{[0-9,]*\} copy\(", hlo)
   assert not copies, f"{len(copies)} copies of a KV cache in the compiled decode loop"
+
+
+def test_non_recurrent_prompt_prefill_is_the_exact_prefill(model):
+  """A cf-1 prompt is prefilled by one parallel pass (every layer in one scan, the span's
+  last layer tapped): its last logits and the recurrent state it leaves equal the
+  token-by-token exact prefill's, with left padding."""
+  from t2mlr_jax.model.modes import SeqInputs
+  cfg, params = model
+  lengths = jnp.array([7, 4], jnp.int32)
+  prompt = random_tokens(cfg, 2, 7, seed=31)
+  outs = {}
+  for method_cf in (1, 2):     # cf 2 here only to force the exact path; same tokens
+    t = np.arange(7)[None]
+    pad = 7 - np.asarray(lengths)[:, None]
+    cf = np.where(t >= pad, 1, 0).astype(np.int32)
+    inp = SeqInputs(jnp.asarray(cf), jnp.asarray(np.maximum(t - pad, 0), jnp.int32), None)
+    outs[method_cf] = decode.prefill(params, cfg, jnp.asarray(prompt), inp, 16,
+                                     recurrent_prompt=method_cf == 2)
+  (lp, sp), (le, se) = outs[1], outs[2]
+  np.testing.assert_allclose(lp, le, atol=1e-5)
+  np.testing.assert_allclose(sp.R, se.R, atol=1e-5)
+  assert float(jnp.abs(sp.R).max()) > 0             # the state is really written
+  for a, b in zip(jax.tree.leaves(sp.kv), jax.tree.leaves(se.kv)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
