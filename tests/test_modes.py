@@ -212,3 +212,31 @@ def test_nanochat_backbone_options_in_every_mode():
   ref = forward(params, cfg, np.concatenate([tokens[:, :6], np.asarray(new)], axis=1),
                 mode="exact")
   assert max_abs(step_logits, ref[:, 5:9]) <= 1e-5
+
+
+@pytest.mark.parametrize("kind", ["t2mlr", "lrt"])
+def test_exact_takes_a_non_recurrent_prefix_from_one_parallel_pass(kind):
+  """Rows with a non-recurrent (cf 1) prompt: exact mode alone (the prefix is collapsed
+  into one parallel pass) equals the same rows batched with an all-recurrent row (no
+  prefix to collapse: every position runs token by token); state and KVs too."""
+  from t2mlr_jax.model import modes as m
+  from test_recurrence_lrt import active as lrt_active, lrt_cfg
+  if kind == "t2mlr":
+    cfg = tiny_cfg()
+    params = active_params(cfg)
+  else:
+    cfg = lrt_cfg()
+    params = lrt_active(cfg)
+  T = 10
+  tokens = random_tokens(cfg, 3, T, seed=4)
+  cf = np.full((3, T), 2, np.int32)
+  cf[0, :6], cf[1, :4] = 1, 1
+  cf[1, :2] = 0                                         # left padding, then the prompt
+  pos = np.maximum(np.arange(T)[None] - np.array([[0], [2], [0]]), 0).astype(np.int32)
+  run = lambda rows: m.exact(params, cfg, jnp.asarray(tokens[rows]),
+                             m.seq_inputs(tokens[rows], cf[rows], pos[rows]))
+  collapsed, full = run([0, 1]), run([0, 1, 2])
+  assert max_abs(collapsed.logits, full.logits[:2]) < 2e-5
+  assert max_abs(collapsed.state, full.state[:2]) < 2e-5
+  for a, b in zip(jax.tree.leaves(collapsed.kvs["middle"]), jax.tree.leaves(full.kvs["middle"])):
+    assert max_abs(a, b[:, :2]) < 2e-5

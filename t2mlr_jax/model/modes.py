@@ -159,7 +159,13 @@ def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: boo
 
 
 def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False):
-  """The true recurrence (all outputs of ModeOut)."""
+  """The true recurrence (all outputs of ModeOut).
+
+  A prefix where every row is non-recurrent (cf <= 1: SFT and chat prompts, left
+  padding) reads no memory, so its recurrent-block outputs and keys/values are those of
+  one parallel pass (SPEC §3): the token-by-token loop takes them instead of running the
+  block there (`lax.cond` per step; the parallel pass runs only when such a prefix
+  exists). The state each prefix position leaves is computed as usual."""
   B, T = tokens_BT.shape
   kind = recurrence.of(cfg)
   x0 = embed(params, cfg, tokens_BT)
@@ -173,16 +179,36 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   empty = jnp.zeros((B, 0, cfg.n_kv_heads, cfg.head_dim), h_lo.dtype)
   caches = tuple(to_cache(KV(empty, empty), T) for _ in layers)
   dist = jnp.arange(T)
+  skip_T = jnp.all(jnp.cumprod(cf <= recurrence.CF_PLAIN, axis=1), axis=0).astype(bool)
+
+  def prefix_pass():
+    o, kv = transformer.run_layers(layers, cfg, h_lo, ctx, first)
+    cache = tuple(to_cache(k, T) for k in kv)
+    return o, tuple(KV(jnp.moveaxis(c.k, 1, 0), jnp.moveaxis(c.v, 1, 0)) for c in cache)
+
+  shapes = jax.eval_shape(prefix_pass)
+  o_pre, kv_pre = jax.lax.cond(
+      skip_T[0], prefix_pass, lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                                   shapes))
 
   def step(carry, xs):
     S_BD, caches = carry
-    h_B1D, cf_B1, pos_B1, rope_t, mask_B1S, t, x0_B1D, tok_B1 = xs
+    h_B1D, cf_B1, pos_B1, rope_t, mask_B1S, t, x0_B1D, tok_B1, skip, o_pre_B1D, kv_pre_t = xs
     S_read = kind.read(cfg, S_BD[:, None, :], pos_B1, jnp.broadcast_to(t, pos_B1.shape))
     x, stats = kind.enter(params, cfg, h_B1D, S_read, cf_B1)
     mem = kind.memory(cfg, S_read, cf_B1)
     side = side_inputs(params, cfg, x0_B1D, tok_B1, (t - dist)[None, None], mem)
     ctx_t = LayerCtx(rope_t, mask_B1S, side, value_embed_inputs(params, cfg, tok_B1))
-    o, caches = transformer.run_layers(layers, cfg, x, ctx_t, first, caches, t)
+
+    def run(caches):
+      return transformer.run_layers(layers, cfg, x, ctx_t, first, caches, t)
+
+    def take(caches):         # the prefix pass's output and keys/values at slot t
+      write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new[:, None], t, axis=1)
+      return o_pre_B1D.astype(x.dtype), tuple(
+          KV(write(c.k, n.k), write(c.v, n.v)) for c, n in zip(caches, kv_pre_t))
+
+    o, caches = jax.lax.cond(skip, take, run, caches)
     S_new = kind.carry(params, cfg, o, S_read, cf_B1)[:, 0]
     return (S_new, caches), (o[:, 0], stats, None if mem is None else mem[:, 0])
 
@@ -190,7 +216,8 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   rope_t = None if rope is None else Rope(time_major(rope.cos_BTK), time_major(rope.sin_BTK))
   xs = (time_major(h_lo), time_major(cf), time_major(pos), rope_t, time_major(mask),
         jnp.arange(T), time_major(x0) if cfg.x0_lambdas else None,
-        time_major(tokens_BT) if recurrence.uses_memory(cfg) or cfg.value_embeds else None)
+        time_major(tokens_BT) if recurrence.uses_memory(cfg) or cfg.value_embeds else None,
+        skip_T, time_major(o_pre), kv_pre)
   (S_final, caches), (o_TBD, stats, mem_TBD) = jax.lax.scan(
       step, (kind.zero_state(cfg, B), caches), xs)
   kv_mid = jax.tree.map(lambda *a: jnp.stack(a), *(from_cache(c, B) for c in caches))
