@@ -41,10 +41,11 @@ Conventions, verified against EleutherAI/lm-evaluation-harness:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
+
+from t2mlr_jax.data.text import jsonl_records
 
 __all__ = [
   "MCExample",
@@ -85,20 +86,7 @@ def scoring_requests(example: MCExample) -> list[tuple[str, str]]:
 
 # --- JSONL plumbing ------------------------------------------------------------------
 
-def _records(path: PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
-  """(line number, record) for each non-blank line; ValueError on bad JSON / non-objects."""
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-      if not isinstance(rec, dict):
-        raise ValueError(
-          f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-      yield lineno, rec
+_records = jsonl_records     # (line number, record) per non-blank line
 
 
 def _field(rec: dict[str, Any], name: str, kind: type | tuple[type, ...],

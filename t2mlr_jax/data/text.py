@@ -63,18 +63,25 @@ def _read_txt(path: str) -> Iterator[str]:
     yield text
 
 
-def _read_jsonl(path: str, field: str) -> Iterator[str]:
+def jsonl_records(path) -> Iterator[tuple[int, dict]]:
+  """(line number, record) for each non-blank line; ValueError on bad JSON / non-objects."""
   with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
+    for lineno, line in enumerate(f, start=1):
       if not line.strip():
         continue
       try:
-        record = json.loads(line)
+        rec = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{n}: not valid JSON ({e})") from e
-      if not isinstance(record, dict):
-        raise ValueError(f"{path}:{n}: a JSON object per line is required")
-      yield _field(record, field, f"{path}:{n}")
+        raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+      if not isinstance(rec, dict):
+        raise ValueError(
+            f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+      yield lineno, rec
+
+
+def _read_jsonl(path: str, field: str) -> Iterator[str]:
+  for n, record in jsonl_records(path):
+    yield _field(record, field, f"{path}:{n}")
 
 
 def _read_parquet(path: str, field: str) -> Iterator[str]:
