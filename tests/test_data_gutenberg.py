@@ -64,6 +64,7 @@ def test_a_file_missing_from_the_work_table_is_an_error(tmp_path):
     gutenberg.build(str(tmp_path / "out"), sdist)
 
 
+@pytest.mark.slow       # downloads the sdist: .ci/run's slow step
 def test_real_sdist_split(tmp_path):
   try:
     archive = gutenberg.fetch_sdist(str(tmp_path))

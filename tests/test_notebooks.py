@@ -28,6 +28,7 @@ def test_there_is_a_notebook():
   assert any(p.endswith("quickstart.ipynb") for p in NOTEBOOKS)
 
 
+@pytest.mark.slow       # notebooks run in .ci/run's slow step
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_runs_at_tiny_size(path, tmp_path):
   script = tmp_path / "notebook.py"

@@ -90,6 +90,7 @@ def test_identity_init_equals_base_transformer(nanochat):
   np.testing.assert_array_equal(forward(params, cfg, tokens, mode="parallel"), base)
 
 
+@pytest.mark.slow       # 16 s: .ci/run's slow step
 def test_source_layer_and_variants():
   """An upper-middle source layer, LRT-shared and the ablations: interleaved S = T is
   still exact, and the parameter count matches the tree."""
@@ -114,6 +115,7 @@ def test_control_flow_one_reads_no_memory():
                              forward(params, cfg, tokens, mode="parallel"), atol=1e-5)
 
 
+@pytest.mark.slow       # 15 s: .ci/run's slow step (test_data_lm covers packed documents in every mode)
 def test_packed_segments_reset_the_memory():
   cfg = lrt_cfg()
   params = active(cfg)

@@ -5,12 +5,14 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 import _t2mlr_reference as ref
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "t2mlr_reference")
 
 
+@pytest.mark.slow       # 40 s: runs in .ci/run's slow step
 def test_every_output_is_bitwise_equal():
   stored = dict(np.load(FIXTURE + ".npz"))
   with open(FIXTURE + ".json") as f:
