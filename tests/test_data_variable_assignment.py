@@ -124,3 +124,48 @@ def test_resolve_follows_alias_chains():
 def test_bad_arguments_raise(kwargs, match):
   with pytest.raises(ValueError, match=match):
     va.generate_example(0, **kwargs)
+
+
+def test_chain_lines_walks_the_aliases_in_order():
+  lines = ["c=l", "v=1", "z=l", "l=v", "q=3"]
+  assert va.chain_lines(lines, "z") == ["z=l", "l=v", "v=1"]
+  assert va.chain_lines(lines, "q") == ["q=3"]
+  with pytest.raises(ValueError, match="not assigned"):
+    va.chain_lines(lines, "w")
+
+
+def test_sft_record_response_walks_the_chain_then_marks_the_answer():
+  ex = va.generate_example(1)
+  rec = va.sft_record(ex)
+  walk = rec["response"].split("\n")
+  assert rec["prompt"] == ex["prompt"] and walk[-1] == f"### {ex['answer']}"
+  assert walk[0].startswith(ex["query"] + "=") and len(walk) == 2 + 2   # depth 2: 3 lines
+  assert walk[-2].endswith("=" + ex["answer"])
+  assert all(line in ex["lines"] for line in walk[:-1])
+  assert va.sft_record(ex, steps=False)["response"] == f"### {ex['answer']}"
+
+
+def test_write_sft_jsonl_is_deterministic_and_whole(tmp_path):
+  import json
+  a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+  va.write_sft_jsonl(str(a), 5, seed=3)
+  va.write_sft_jsonl(str(b), 5, seed=3)
+  assert a.read_text() == b.read_text()
+  recs = [json.loads(line) for line in a.read_text().splitlines()]
+  assert [r["prompt"] for r in recs] == [va.generate_example((3, i))["prompt"] for i in range(5)]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
+  with pytest.raises(ValueError, match="num_examples"):
+    va.write_sft_jsonl(str(tmp_path / "c.jsonl"), 0, seed=0)
+
+
+def test_chain_correct_scores_the_walk_not_just_the_answer():
+  ex = va.generate_example(4)
+  assert va.parse_prompt(ex["prompt"]) == (ex["lines"], ex["query"])
+  walk = va.sft_record(ex)["response"]
+  assert va.chain_correct(ex["prompt"], walk)
+  assert va.chain_correct(ex["prompt"], walk + "\nmore text")
+  first, rest = walk.split("\n", 1)
+  assert not va.chain_correct(ex["prompt"], rest)                 # skips the first hop
+  assert not va.chain_correct(ex["prompt"], f"### {ex['answer']}")  # right digit, no walk
+  with pytest.raises(ValueError, match="not a Variable Assignment prompt"):
+    va.parse_prompt("What is 2+2?")

@@ -103,3 +103,31 @@ def test_finetune_from_pretrained_then_evaluate_and_export(pretrained, tmp_path)
     theirs = loaded(torch.as_tensor(tokens, dtype=torch.long)).logits.numpy()
   np.testing.assert_allclose(forward(tuned, tuned_cfg, tokens, mode="parallel"), theirs,
                              atol=1e-4)
+
+
+@pytest.mark.slow
+def test_variable_assignment_retrofit_arms_start_from_the_same_model(pretrained, tmp_path):
+  """configs/retrofit_smollm2_135m_va.py: the T2MLR and no-recurrence arms see the same
+  first batch with the same (pretrained) function, so their first losses agree."""
+  from t2mlr_jax.data import variable_assignment as va
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
+  import retrofit_smollm2_135m_va as va_config
+  model_dir, _, _ = pretrained
+  data = str(tmp_path / "va.jsonl")
+  va.write_sft_jsonl(data, 16, seed=0)
+  paper = va_config.get_config()
+  r = paper.model.recurrence
+  assert (r.d_forward, r.d_backward, r.gate_gain) == (8, 4, 1e-2)
+  assert paper.optimizer.recurrence_lr_mult == 100 and paper.data.chat
+  first = {}
+  for variant in ("tiny", "tiny_transformer"):
+    c = va_config.get_config(variant)
+    c.model.init_from, c.data.path = model_dir, data
+    wd = str(tmp_path / variant)
+    train(c, wd, progress=False)
+    cfg, _ = checkpoint.load(wd)
+    assert (cfg.recurrence is None) == (variant == "tiny_transformer")
+    first[variant] = read_metrics(wd)[0]["loss"]
+  assert first["tiny"] == pytest.approx(first["tiny_transformer"], abs=1e-5)
+  with pytest.raises(ValueError, match="allowed"):
+    va_config.get_config("big")

@@ -166,3 +166,58 @@ class VariableAssignmentSource:
   def __repr__(self) -> str:
     return (f"VariableAssignmentSource(num_examples={self.num_examples}, "
             f"base_seed={self.base_seed}, {self.kwargs})")
+
+
+# ---------------------------------------------------------------------------
+# Chat records (prompt/response text), for fine-tuning pretrained models.
+
+def chain_lines(lines: Sequence[str], var: str) -> list[str]:
+  """The assignment lines followed from `var` to its digit, in order (`z=l`, `l=v`, `v=1`)."""
+  table = parse_lines(lines)
+  out = []
+  resolve(lines, var)            # raises on an unassigned variable or a cycle
+  while not table[var].isdigit():
+    out.append(f"{var}={table[var]}")
+    var = table[var]
+  return out + [f"{var}={table[var]}"]
+
+
+def parse_prompt(prompt: str) -> tuple[list[str], str]:
+  """(assignment lines, query variable) of a prompt made by `format_prompt`."""
+  parts = prompt.split("\n")
+  if (not prompt.startswith(PROMPT_HEADER) or len(parts) < 4 or parts[-1] != ANSWER_PREFIX
+      or not parts[-2].endswith("=___")):
+    raise ValueError(f"prompt {prompt[:60]!r}... is not a Variable Assignment prompt "
+                     "(format_prompt's layout)")
+  return parts[1:-2], parts[-2][:-len("=___")]
+
+
+def chain_correct(prompt: str, completion: str) -> bool:
+  """Whether a completion opens with the right chain walk (`sft_record`'s response)."""
+  lines, query = parse_prompt(prompt)
+  gold = chain_lines(lines, query)
+  return completion.split("\n")[:len(gold)] == gold
+
+
+def sft_record(example: dict, *, steps: bool = True) -> dict[str, str]:
+  """{prompt, response} for SFT (`data.task="sft"`): the response walks the chain one
+  assignment per line, then `### <digit>` (SPEC §5's answer marker); steps=False gives
+  `### <digit>` alone. With the prompt non-recurrent (cf 1) and a one-token answer the
+  recurrence could not act on the answer; the walk gives it response tokens to act on."""
+  walk = chain_lines(example["lines"], example["query"]) if steps else []
+  return dict(prompt=example["prompt"], response="\n".join(walk + [f"### {example['answer']}"]),
+              answer=example["answer"])
+
+
+def write_sft_jsonl(path: str, num_examples: int, *, seed: int, steps: bool = True,
+                    **kwargs) -> None:
+  """`num_examples` records (example i from (seed, i)) as JSONL, written whole or not at all."""
+  import json
+  import os
+  _check_count("num_examples", num_examples, 1)
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    for i in range(num_examples):
+      rec = sft_record(generate_example((seed, i), **kwargs), steps=steps)
+      f.write(json.dumps(rec) + "\n")
+  os.replace(tmp, path)
