@@ -30,6 +30,15 @@ def compute_dtype(cfg: ModelConfig):
   return jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
 
 
+def matmul_fp32(a, b, scope: str):
+  """a @ b with fp32 operands, fp32 accumulation and full precision on every backend
+  (TPU's default is bf16 passes, recent GPUs' TF32): the recurrence's matmuls (SPEC §9).
+  `scope` names the op in the HLO metadata (jax.named_scope), where tests find it."""
+  with jax.named_scope(scope):
+    return jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+
+
 def dense_init(cfg: ModelConfig):
   return nn.initializers.normal(stddev=cfg.init_std)
 

@@ -84,12 +84,14 @@ def head(params, cfg: ModelConfig, x_BTD):
   when `logit_softcap`)."""
   dt = compute_dtype(cfg)
   x = final_norm(params, cfg, x_BTD)
-  if cfg.tie_embeddings:     # contract with the [V, D] table directly: no transposed copy
-    logits = jnp.einsum("btd,vd->btv", x, params["embed"]["embedding"].astype(dt)
-                        ).astype(jnp.float32)
-  else:
-    logits = jnp.einsum("btd,dv->btv", x, params["lm_head"]["kernel"].astype(dt)
-                        ).astype(jnp.float32)
+  # fp32 accumulation and output (a bf16 model's logits are not rounded to bf16 first)
+  with jax.named_scope("lm_head"):
+    if cfg.tie_embeddings:     # contract with the [V, D] table directly: no transposed copy
+      logits = jnp.einsum("btd,vd->btv", x, params["embed"]["embedding"].astype(dt),
+                          preferred_element_type=jnp.float32)
+    else:
+      logits = jnp.einsum("btd,dv->btv", x, params["lm_head"]["kernel"].astype(dt),
+                          preferred_element_type=jnp.float32)
   if cfg.padded_vocab != cfg.vocab_size:
     logits = logits[..., :cfg.vocab_size]
   if cfg.logit_softcap is not None:

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import LRTConfig, ModelConfig
-from t2mlr_jax.model.layers import LayerSide, compute_dtype, final_norm, rms_normalize
+from t2mlr_jax.model.layers import (LayerSide, compute_dtype, final_norm, matmul_fp32,
+                                    rms_normalize)
 from t2mlr_jax.model.recurrence.t2mlr import CF_PAD, CF_RECURRENT
 
 
@@ -93,7 +94,7 @@ class LRTLayer(nn.Module):
     B, T, _ = a_BTD.shape
     M, K = cfg.n_kv_heads, cfg.head_dim
     C = rcfg.gate_channels or cfg.d_model
-    g = 2.0 * jax.nn.sigmoid(a_BTD[..., :C].astype(jnp.float32) @ self.gate)   # [B, T, 3M]
+    g = 2.0 * jax.nn.sigmoid(matmul_fp32(a_BTD[..., :C], self.gate, "lrt_gate"))  # [B,T,3M]
     # mean [local, fb, ve] gate over every position and head, kept only when the caller
     # asks for "intermediates" (`LayerCtx.collect`, the training schedules' metrics)
     self.sow("intermediates", "gates", jnp.mean(g.reshape(B * T, 3, M), axis=(0, 2)))
@@ -101,8 +102,9 @@ class LRTLayer(nn.Module):
     g_local, g_fb, g_ve = g[:, :, :M], g[:, :, M:2 * M], g[:, :, 2 * M:]
     m = side.memory
     heads = lambda a: a.astype(dt).reshape(B, T, M, K)
-    proj = lambda name: heads(m @ (getattr(self, name) if rcfg.projection == "layerwise"
-                                   else side.shared[name]))
+    proj = lambda name: heads(matmul_fp32(
+        m, getattr(self, name) if rcfg.projection == "layerwise" else side.shared[name],
+        f"lrt_feedback_{name}"))
     k_fb = proj("w_k") if rcfg.key else None
     v_fb = proj("w_v") if rcfg.value else None
     v_ve = None

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax.model.layers import matmul_fp32
 
 # Control-flow codes carried by every token (SPEC §2, §10).
 CF_PAD, CF_PLAIN, CF_RECURRENT = 0, 1, 2
@@ -79,9 +80,9 @@ class T2MLRFusion(nn.Module):
     w_rec, _ = _LinearParams(D, _torch_linear_uniform, name="w_rec")(D)
     k_rec, b_rec = _LinearParams(D, gate_kernel, gate_bias, name="f_rec")(2 * D)
     k_cur, b_cur = _LinearParams(D, gate_kernel, gate_bias, name="f_cur")(2 * D)
-    r = R_BTD @ w_rec
+    r = matmul_fp32(R_BTD, w_rec, "t2mlr_w_rec")
     g = jnp.concatenate([h_BTD, r], axis=-1)
-    s = jax.nn.sigmoid(g @ jnp.concatenate([k_rec, k_cur], axis=1)
+    s = jax.nn.sigmoid(matmul_fp32(g, jnp.concatenate([k_rec, k_cur], axis=1), "t2mlr_gates")
                        + jnp.concatenate([b_rec, b_cur]))
     s_rec, s_cur = s[..., :D], s[..., D:]
     out = h_BTD + jnp.tanh(gamma_rec) * s_rec * r + jnp.tanh(gamma_cur) * s_cur * h_BTD
