@@ -2,8 +2,9 @@
 
 Config overrides go on the command line (`--config.train.num_steps=200`); a
 `:variant` after the config path selects a preset (`configs/s5_retrieval.py:tiny`).
-Resumes automatically when the workdir holds a checkpoint. On several hosts,
-run one process per host: JAX's multi-host runtime is initialised here.
+Resumes automatically when the workdir holds a checkpoint. On several hosts, run one
+process per host with --coordinator_address/--num_processes/--process_id (or their
+JAX_* environment variables; TPU pods and SLURM are detected): see t2mlr_jax/distributed.py.
 """
 
 import os
@@ -16,26 +17,23 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config fil
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics)")
 _PROGRESS = flags.DEFINE_bool("progress", True, "show a console progress bar")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 in "
+                                   "a multi-process run (default $JAX_COORDINATOR_ADDRESS)")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "processes in the run (default "
+                                      "$JAX_NUM_PROCESSES)")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's id, 0..num_processes-1 "
+                                   "(default $JAX_PROCESS_ID)")
 flags.mark_flags_as_required(["config"])
-
-
-def _maybe_init_distributed():
-  """jax.distributed.initialize() when launched as one of several processes."""
-  markers = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES",
-             "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
-  multi = any(os.environ.get(m) for m in markers)
-  if os.environ.get("SLURM_NTASKS") == "1" or os.environ.get("OMPI_COMM_WORLD_SIZE") == "1":
-    multi = False
-  if "TPU_WORKER_HOSTNAMES" in os.environ and "," not in os.environ["TPU_WORKER_HOSTNAMES"]:
-    multi = False
-  if multi:
-    import jax
-    jax.distributed.initialize()
 
 
 def main(argv):
   del argv
-  _maybe_init_distributed()
+  from t2mlr_jax import distributed
+  try:
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   from t2mlr_jax.train.loop import NonFiniteLossError, train
   from t2mlr_jax.train.metrics import quiet_absl_logs
   quiet_absl_logs()

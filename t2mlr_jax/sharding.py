@@ -63,8 +63,13 @@ def make_mesh(shape: Mapping[str, int], devices: Optional[Sequence[Any]] = None)
     raise ValueError(f"mesh shape {sizes} needs {math.prod(sizes.values())} devices but "
                      f"{len(devices)} are available: allowed shapes whose product is "
                      f"{len(devices)} (use -1 for one axis)")
-  arr = np.asarray(devices).reshape([sizes[a] for a in MESH_AXES])
-  return Mesh(arr, MESH_AXES)
+  shape_ = [sizes[a] for a in MESH_AXES]
+  auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+  if len(devices) == len(jax.devices()) and set(devices) == set(jax.devices()):
+    # topology-aware device order on TPU/GPU (ICI-local axes last); Auto axes keep
+    # sharding propagation as with the plain Mesh
+    return jax.make_mesh(shape_, MESH_AXES, axis_types=auto, devices=devices)
+  return Mesh(np.asarray(devices).reshape(shape_), MESH_AXES, axis_types=auto)
 
 
 def _path_str(path) -> str:
@@ -112,3 +117,26 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
 
 def batch_divisor(mesh: Mesh) -> int:
   return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def process_batch_slot(mesh: Mesh, global_batch: int) -> tuple[int, int]:
+  """(slot, slots): this process feeds global batch rows [slot·B/slots, (slot+1)·B/slots).
+
+  Processes whose devices hold the same batch rows (a 'tensor' axis spanning hosts, or a
+  batch axis smaller than the process count) share a slot and must read the same
+  examples; with one slot per process this is (process_index, process_count)."""
+  rows = set()
+  sharding = batch_sharding(mesh, ndim=1)
+  for index in sharding.addressable_devices_indices_map((global_batch,)).values():
+    sl = index[0]
+    rows.add((sl.start or 0, global_batch if sl.stop is None else sl.stop))
+  start, stop = min(r[0] for r in rows), max(r[1] for r in rows)
+  covered = sorted(rows)
+  if any(a[1] < b[0] for a, b in zip(covered, covered[1:])):
+    raise ValueError(f"this process's devices hold non-contiguous batch rows {covered}: "
+                     "order the mesh's devices by process")
+  size = stop - start
+  if global_batch % size or start % size:
+    raise ValueError(f"this process's batch rows [{start}, {stop}) do not tile the global "
+                     f"batch of {global_batch}")
+  return start // size, global_batch // size

@@ -71,3 +71,12 @@ def test_train_step_on_2x2x2_mesh_equals_one_device():
   assert abs(loss1 - loss8) <= 1e-5
   for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_process_batch_slot_single_process_and_mesh_axis_types():
+  import jax
+  from t2mlr_jax import sharding
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+  assert sharding.process_batch_slot(mesh, 16) == (0, 1)
+  assert sharding.process_batch_slot(sharding.make_mesh({"tensor": -1}), 8) == (0, 1)

@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 
 from t2mlr_jax import checkpoint as ckpt_lib
-from t2mlr_jax import flops, sharding
+from t2mlr_jax import distributed, flops, sharding
 from t2mlr_jax.data.pipeline import make_iterator
 from t2mlr_jax.train import config as config_lib
 from t2mlr_jax.train import tasks as tasks_lib
@@ -143,11 +143,11 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
     ckpt = cleanup.enter_context(contextlib.closing(ckpt_lib.Checkpointer(
         workdir, max_to_keep=t.max_to_keep, async_save=t.async_checkpointing)))
     source = task.train_source(config, t.num_steps * t.batch_size)
+    slot, slots = sharding.process_batch_slot(mesh, t.batch_size)
     data_iter = make_iterator(source, global_batch=t.batch_size, seq_len=t.seq_len,
                               shuffle=config.data.shuffle, seed=t.seed,
                               num_threads=config.data.num_threads, prefetch=config.data.prefetch,
-                              process_index=jax.process_index(),
-                              process_count=jax.process_count(),
+                              process_index=slot, process_count=slots,
                               num_examples=t.num_steps * t.batch_size)
     shardings = state_shardings(cfg, tx, mesh)
     writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, enabled=is_main)))
@@ -196,7 +196,9 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
         state, metrics = train_step(state, batch)
         step += 1
         window.append(metrics)
-        if step % t.log_every == 0 or step == stop_at or stop.received:
+        # every process stops at the same step, whichever received the signal
+        stopping = distributed.any_process(stop.received is not None)
+        if step % t.log_every == 0 or step == stop_at or stopping:
           _check_finite(state, ckpt)
           fetched = jax.device_get(window)
           elapsed = time.perf_counter() - window_start
@@ -228,10 +230,11 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
               f" | {view}: {_summary(v)}" for view, v in results.items()
               if isinstance(v, dict)))
           window_start = time.perf_counter()
-        if step % t.checkpoint_every == 0 or step == stop_at or stop.received:
+        if step % t.checkpoint_every == 0 or step == stop_at or stopping:
           save(step)
-        if stop.received:
-          _say(f"received {stop.received}: saved step {step}, exiting")
+        if stopping:
+          _say(f"received {stop.received or 'a stop signal (another process)'}: saved step "
+               f"{step}, exiting")
           break
       if saved_step != step:
         save(step)
