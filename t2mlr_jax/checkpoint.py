@@ -17,12 +17,14 @@ straight into the abstract sharded layout the caller provides.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from ml_collections import config_dict
+
+from t2mlr_jax import paths
 
 FORMAT_VERSION = 1
 ITEMS = ("params", "train", "data", "config", "meta")
@@ -38,8 +40,8 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, max_to_keep: int = 3, async_save: bool = True,
                read_only: bool = False):
-    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    if read_only and not os.path.isdir(self.directory):
+    self.directory = paths.resolve(workdir) / "checkpoints"
+    if read_only and not self.directory.is_dir():
       raise ValueError(f"no checkpoint found under {self.directory} (is --workdir right?)")
     # read_only: never save or clean up (Orbax's own read_only mode only adds warnings)
     options = ocp.CheckpointManagerOptions(
@@ -130,7 +132,7 @@ EXPORT_PARAMS = "params"
 
 
 def is_export(path: str) -> bool:
-  return os.path.isfile(os.path.join(path, EXPORT_CONFIG))
+  return (epath.Path(path) / EXPORT_CONFIG).is_file()
 
 
 def export(cfg, params, path: str) -> None:
@@ -139,31 +141,31 @@ def export(cfg, params, path: str) -> None:
   What `python -m t2mlr_jax.convert --from-hf` writes; `load(path)` and the training
   config's `model.init_from` read it."""
   import json
-  os.makedirs(path, exist_ok=True)
-  target = os.path.join(os.path.abspath(path), EXPORT_PARAMS)
-  if os.path.exists(target):
+  root = paths.resolve(path)
+  root.mkdir(parents=True, exist_ok=True)
+  target = root / EXPORT_PARAMS
+  if target.exists():
     raise ValueError(f"{target} already exists: refusing to overwrite an export")
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(target, jax.device_get(params))
-  with open(os.path.join(path, EXPORT_CONFIG), "w") as f:
-    json.dump({"format_version": FORMAT_VERSION, "library_version": _library_version(),
-               "model_family": type(cfg).__name__, "model_config": cfg.to_dict()},
-              f, indent=2)
+  paths.write_text(root / EXPORT_CONFIG, json.dumps(
+      {"format_version": FORMAT_VERSION, "library_version": _library_version(),
+       "model_family": type(cfg).__name__, "model_config": cfg.to_dict()}, indent=2))
 
 
 def _load_export(path: str):
   import json
 
   from t2mlr_jax.model.api import init_model
-  with open(os.path.join(path, EXPORT_CONFIG)) as f:
-    meta = json.load(f)
+  root = paths.resolve(path)
+  meta = json.loads((root / EXPORT_CONFIG).read_text())
   cfg = model_config_from_meta(meta)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.eval_shape(lambda: init_model(cfg, jax.random.PRNGKey(0)))
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                           abstract)
   with ocp.StandardCheckpointer() as ckptr:
-    params = ckptr.restore(os.path.join(os.path.abspath(path), EXPORT_PARAMS), abstract)
+    params = ckptr.restore(root / EXPORT_PARAMS, abstract)
   return cfg, params
 
 

@@ -27,6 +27,7 @@ import os
 
 from absl import app, flags
 
+from t2mlr_jax import paths
 from t2mlr_jax.model.modes import MODES
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory (its task's eval set)")
@@ -172,8 +173,7 @@ def main(argv):
     except ValueError as e:
       raise SystemExit(f"error: {e}") from None
     if _OUTPUT.value:
-      with open(_OUTPUT.value, "w") as f:
-        json.dump(results, f, indent=2)
+      paths.write_text(_OUTPUT.value, json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     return
   if _TASK.value:
@@ -184,20 +184,18 @@ def main(argv):
         chat=_CHAT.value, max_new_tokens=_MAX_NEW.value, batch_size=_BATCH.value,
         prompt_control_flow=_PROMPT_CF.value, add_bos=_BOS.value, labels=_LABELS.value)
     if _OUTPUT.value:
-      os.makedirs(_OUTPUT.value, exist_ok=True)
-      with open(os.path.join(_OUTPUT.value, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-      with open(os.path.join(_OUTPUT.value, "predictions.jsonl"), "w") as f:
-        for row in per_example:
-          f.write(json.dumps(row) + "\n")
+      out = paths.resolve(_OUTPUT.value)
+      out.mkdir(parents=True, exist_ok=True)
+      paths.write_text(out / "summary.json", json.dumps(summary, indent=2))
+      paths.write_text(out / "predictions.jsonl",
+                       "".join(json.dumps(row) + "\n" for row in per_example))
     print(json.dumps(summary, indent=2))
     return
   if not _WORKDIR.value:
     raise app.UsageError("give --workdir (a training run) or --task/--data/--model")
   results = evaluate_checkpoint(_WORKDIR.value, _STEP.value, _MODE.value or "exact")
-  out = _OUTPUT.value or os.path.join(_WORKDIR.value, f"eval_step{results['step']}.json")
-  with open(out, "w") as f:
-    json.dump(results, f, indent=2)
+  out = _OUTPUT.value or paths.resolve(_WORKDIR.value) / f"eval_step{results['step']}.json"
+  paths.write_text(out, json.dumps(results, indent=2))
   print(json.dumps(results, indent=2))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import platform
 import signal
 import time
@@ -21,7 +20,7 @@ import numpy as np
 from absl import logging
 
 from t2mlr_jax import checkpoint as ckpt_lib
-from t2mlr_jax import distributed, flops, sharding
+from t2mlr_jax import distributed, flops, paths, sharding
 from t2mlr_jax.data.pipeline import make_iterator
 from t2mlr_jax.train import config as config_lib
 from t2mlr_jax.train import tasks as tasks_lib
@@ -62,10 +61,9 @@ def _record_run(workdir, config):
   info = {"library_version": t2mlr_jax.__version__, "jax_version": jax.__version__,
           "devices": [str(d) for d in jax.devices()], "process_count": jax.process_count(),
           "python": platform.python_version(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(config.to_dict(), f, indent=2)
-  with open(os.path.join(workdir, "run_info.json"), "w") as f:
-    json.dump(info, f, indent=2)
+  root = paths.resolve(workdir)
+  paths.write_text(root / "config.json", json.dumps(config.to_dict(), indent=2))
+  paths.write_text(root / "run_info.json", json.dumps(info, indent=2))
 
 
 def _say(message: str) -> None:
@@ -134,8 +132,9 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
                      f"multiples of mesh data*fsdp={sharding.batch_divisor(mesh)}")
   mode = config_lib.train_mode(config, cfg)
   tx, schedule = make_optimizer(config.optimizer, t.num_steps, getattr(cfg, "d_model", None))
-  os.makedirs(workdir, exist_ok=True)
   is_main = jax.process_index() == 0
+  if is_main:
+    paths.resolve(workdir).mkdir(parents=True, exist_ok=True)
 
   # Everything opened below is closed on every way out: a refused resume or a failed
   # restore too (an open TensorBoard writer and Orbax's threads outlive the call).

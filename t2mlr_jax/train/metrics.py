@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Mapping, Optional
 
 import numpy as np
+
+from t2mlr_jax import paths
 
 
 def _scalars(metrics: Mapping, prefix: str = "") -> dict:
@@ -38,31 +39,42 @@ def quiet_absl_logs() -> None:
 
 class MetricsWriter:
   """Appends one JSON line per record to workdir/metrics.jsonl and mirrors scalars
-  to TensorBoard (workdir/tensorboard); only process 0 writes."""
+  to TensorBoard (workdir/tensorboard); only process 0 writes. On object stores
+  (gs://, which cannot append) the file is rewritten whole at each record."""
 
   def __init__(self, workdir: str, *, enabled: bool = True):
     self.enabled = enabled
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    root = paths.resolve(workdir)
+    self.path = root / "metrics.jsonl"
+    self._remote = paths.is_remote(root)
+    self._lines: list[str] = []
     self._tb = None
     if enabled:
+      if self._remote and self.path.exists():
+        self._lines = self.path.read_text().splitlines(keepends=True)
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._tb = SummaryWriter(str(root / "tensorboard"))
 
   def truncate_after(self, step: int) -> None:
     """Drop records beyond `step` (logged after the checkpoint a run resumes from)."""
-    if not self.enabled or not os.path.exists(self.path):
+    if not self.enabled or not self.path.exists():
       return
-    with open(self.path) as f:
-      keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
-    with open(self.path, "w") as f:
-      f.writelines(keep)
+    keep = [line for line in self.path.read_text().splitlines(keepends=True)
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    self._lines = keep
+    paths.write_text(self.path, "".join(keep))
 
   def write(self, step: int, metrics: Mapping, kind: str = "train") -> None:
     if not self.enabled:
       return
     record = {"step": int(step), "kind": kind, **_to_json(metrics)}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+    line = json.dumps(record) + "\n"
+    if self._remote:
+      self._lines.append(line)
+      self.path.write_text("".join(self._lines))
+    else:
+      with self.path.open("a") as f:
+        f.write(line)
     for name, value in _scalars(metrics, f"{kind}/").items():
       self._tb.add_scalar(name, value, int(step))
     self._tb.flush()
@@ -85,8 +97,8 @@ def _to_json(value):
 
 def read_metrics(workdir: str, kind: Optional[str] = "train") -> list[dict]:
   """The records of a run's metrics.jsonl (of one kind, or all with kind=None)."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f if line.strip()]
+  text = (paths.resolve(workdir) / "metrics.jsonl").read_text()
+  records = [json.loads(line) for line in text.splitlines() if line.strip()]
   return [r for r in records if kind is None or r.get("kind") == kind]
 
 
