@@ -27,6 +27,11 @@ Parts:
   lrt_compile
            compile seconds of the plain, interleaved S = 2, 3, 8 and multi-refine K = 3
            steps.
+  loss_memory
+           temporary bytes of the compiled loss-and-gradient of a 2-layer model at
+           SmolLM2's width and vocabulary (V = 49152) and T = 4096, batch 1, with the
+           full cross-entropy ([B, T, V] fp32 logits) and with the chunked one
+           (train.loss_chunk), plain and T2MLR (Jacobi 4/2).
 """
 
 from __future__ import annotations
@@ -253,6 +258,33 @@ def part_memory(shape):
   return out
 
 
+def part_loss_memory(T=4096, chunks=(1024, 512, 256)):
+  import jax
+  import numpy as np
+
+  import t2mlr_jax
+  from t2mlr_jax import ModelConfig, T2MLRConfig
+  from t2mlr_jax.model.api import loss
+  base = dict(vocab_size=49152, d_model=576, n_layers=2, n_heads=9, n_kv_heads=3, d_ff=1536,
+              max_seq_len=T, tie_embeddings=True)
+  out = {"T": T, "batch": 1, "vocab": 49152, "logits_bytes": T * 49152 * 4, "models": {}}
+  for name, rec, mode in (("plain", None, "parallel"),
+                          ("t2mlr", T2MLRConfig(l_start=1, l_end=1, d_forward=4,
+                                                d_backward=2), "jacobi")):
+    cfg = ModelConfig(**base, recurrence=rec)
+    params = jax.eval_shape(lambda: t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0)))
+    tokens = jax.ShapeDtypeStruct((1, T), np.int32)
+    row = {}
+    for chunk in (None, *chunks):
+      f = jax.value_and_grad(lambda p, t, c=chunk: loss(p, cfg, t, mode=mode, loss_chunk=c))
+      compiled = jax.jit(f).lower(params, tokens).compile()
+      row["full" if chunk is None else f"chunk_{chunk}"] = int(
+          compiled.memory_analysis().temp_size_in_bytes)
+    row["saved_bytes"] = {k: row["full"] - v for k, v in row.items() if k != "full"}
+    out["models"][name] = row
+  return out
+
+
 def part_compile(shape):
   import jax
   import numpy as np
@@ -303,6 +335,8 @@ def main():
       results["lrt_memory"] = part_lrt_memory(args.lrt_shape)
     elif part == "lrt_compile":
       results["lrt_compile"] = part_lrt_compile(args.lrt_shape)
+    elif part == "loss_memory":
+      results["loss_memory"] = part_loss_memory()
     else:
       p.error(f"unknown part {part!r}")
     print(part, {k: v for k, v in results[part].items() if k != "raw_seconds"}, flush=True)
@@ -313,7 +347,7 @@ def main():
     with open(previous) as f:
       old = json.load(f)
     kept = ("step", "step_raw", "step_trained", "memory", "compile", "lrt_step",
-            "lrt_memory", "lrt_compile")
+            "lrt_memory", "lrt_compile", "loss_memory")
     results = {**{k: v for k, v in old.items() if k in kept},
                **results}
   print("wrote", bc.write_json(out, results))

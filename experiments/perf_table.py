@@ -167,6 +167,24 @@ def lrt_decode_rows(d) -> list[str]:
   return out
 
 
+def loss_memory_rows(d) -> list[str]:
+  m = d["loss_memory"]
+  chunks = [k for k in next(iter(m["models"].values())) if k.startswith("chunk_")]
+  out = [f"**Chunked cross-entropy** (`python experiments/bench_train.py --parts=loss_memory "
+         f"--out=bench_loss_memory.json`; {_machine(d)}): peak temporary memory (XLA "
+         f"`memory_analysis`, MB) of the compiled loss and gradient of a 2-layer model, "
+         f"V = {m['vocab']}, T = {m['T']}, batch {m['batch']}; the fp32 logits alone are "
+         f"{m['logits_bytes'] / 1e6:.0f} MB. `train.loss_chunk` = positions per chunk.", "",
+         "| model | full CE | " + " | ".join(f"chunk {c[6:]}" for c in chunks) + " | saved |",
+         "|---" * (3 + len(chunks)) + "|"]
+  for name, row in m["models"].items():
+    saved = max(row["saved_bytes"].values())
+    out.append(f"| {name} | {row['full'] / 1e6:.0f} | " +
+               " | ".join(f"{row[c] / 1e6:.0f}" for c in chunks) +
+               f" | {saved / 1e6:.0f} ({100 * saved / row['full']:.0f}%) |")
+  return out
+
+
 def table() -> str:
   parts = []
   d = _load("bench_decode.json")
@@ -186,6 +204,9 @@ def table() -> str:
   d = _load("bench_decode_lrt.json")
   if d:
     parts += lrt_decode_rows(d) + [""]
+  d = _load("bench_loss_memory.json")
+  if d:
+    parts += loss_memory_rows(d) + [""]
   return "\n".join(parts).rstrip() + "\n"
 
 

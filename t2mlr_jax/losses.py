@@ -46,3 +46,34 @@ def next_token_labels(tokens_BT, mask_BT=None):
         [mask_BT[:, 1:].astype(bool), jnp.zeros((tokens_BT.shape[0], 1), bool)], axis=1)
     labels = jnp.where(target_ok, labels, IGNORE)
   return labels
+
+
+def chunked_cross_entropy(head_fn, y_BTD, labels_BT, chunk: int):
+  """`cross_entropy(head_fn(y), labels)` computed `chunk` positions at a time: the same
+  value and gradient, but only [B, chunk, V] logits live at once, in the forward and
+  (each chunk rematerialised) in the backward, instead of [B, T, V] fp32.
+
+  head_fn: y [B, c, D] -> logits [B, c, V] (closing over its parameters)."""
+  if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+    raise ValueError(f"loss_chunk={chunk!r} is invalid: allowed an integer >= 1")
+  B, T, D = y_BTD.shape
+  n = -(-T // chunk)
+  pad = n * chunk - T
+  if pad:
+    y_BTD = jnp.pad(y_BTD, ((0, 0), (0, pad), (0, 0)))
+    labels_BT = jnp.pad(labels_BT, ((0, 0), (0, pad)), constant_values=IGNORE)
+  y_NBCD = jnp.swapaxes(y_BTD.reshape(B, n, chunk, D), 0, 1)
+  labels_NBC = jnp.swapaxes(labels_BT.reshape(B, n, chunk), 0, 1)
+
+  @jax.checkpoint
+  def one(y_BCD, labels_BC):
+    nll, valid = token_nll(head_fn(y_BCD), labels_BC)
+    return jnp.sum(nll), jnp.sum(valid)
+
+  def body(carry, xs):
+    total, count = one(*xs)
+    return (carry[0] + total, carry[1] + count), None
+
+  (total, count), _ = jax.lax.scan(
+      body, (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)), (y_NBCD, labels_NBC))
+  return total / jnp.maximum(count, 1), count

@@ -4,16 +4,17 @@ public loss every trainer uses."""
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.losses import cross_entropy, next_token_labels, supervised
+from t2mlr_jax.losses import (chunked_cross_entropy, cross_entropy, next_token_labels,
+                              supervised)
 from t2mlr_jax.model import lstm
-from t2mlr_jax.model.modes import forward
-from t2mlr_jax.model.transformer import init_params
+from t2mlr_jax.model.modes import HIDDEN_MODES, forward, hidden_states
+from t2mlr_jax.model.transformer import head, init_params
 
 AnyModelConfig = Union[ModelConfig, lstm.LSTMConfig]
 
@@ -36,7 +37,7 @@ def apply_model(params, cfg: AnyModelConfig, batch, mode: str, **mode_options):
 
 def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_mask=None,
          control_flow=None, positions=None, segment_ids=None, return_aux: bool = False,
-         **mode_options):
+         loss_chunk: Optional[int] = None, **mode_options):
   """The training loss of any model under `mode` (a scalar; with return_aux, (loss, aux)).
 
   targets=None: next-token labels (position t predicts token t+1; the last position is
@@ -49,6 +50,8 @@ def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_m
   per_pass_losses [passes]. Every other mode: the mean CE of the logits over supervised
   positions. aux also holds the forward's aux and `supervised_tokens`. mode_options:
   see `forward` (and refine_weights, multi_refine's loss weights).
+  loss_chunk: apply the LM head and the CE `loss_chunk` positions at a time (the same
+  value and gradient without materialising [B, T, V] logits; parallel / exact / jacobi).
   """
   tokens = jnp.asarray(tokens)
   if targets is None:
@@ -65,6 +68,17 @@ def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_m
     labels = jnp.where(jnp.asarray(loss_mask).astype(bool), labels, -1)
   batch = {"input_ids": tokens, "control_flow": control_flow, "positions": positions,
            "segment_ids": segment_ids}
+  if loss_chunk is not None:
+    if not isinstance(cfg, ModelConfig) or (cfg.recurrence is not None
+                                            and mode not in HIDDEN_MODES):
+      raise ValueError(f"loss_chunk={loss_chunk} needs a transformer in one of the modes "
+                       f"{HIDDEN_MODES}, not mode={mode!r} of {type(cfg).__name__}")
+    y, aux = hidden_states(params, cfg, tokens, mode=mode, control_flow=control_flow,
+                           positions=positions, segment_ids=segment_ids, **mode_options)
+    value, count = chunked_cross_entropy(lambda y_c: head(params, cfg, y_c), y, labels,
+                                         loss_chunk)
+    aux = {**aux, "supervised_tokens": count}
+    return (value, aux) if return_aux else value
   logits, aux = apply_model(params, cfg, batch, mode, **mode_options)
   aux = dict(aux)
   if "pass_logits" in aux:

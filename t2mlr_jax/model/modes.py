@@ -123,12 +123,16 @@ def stacked(kvs):
 # ---------------------------------------------------------------------- parallel
 
 
-def _logits(params, cfg: ModelConfig, y_BTD, last_only: bool):
-  """The LM head over every position, or only the last (prefill: [B, 1, V])."""
+def _logits(params, cfg: ModelConfig, y_BTD, last_only: bool, hidden: bool = False):
+  """The LM head over every position, or only the last (prefill: [B, 1, V]); with
+  `hidden`, the last layer's output itself (a chunked loss applies the head piecewise)."""
+  if hidden:
+    return y_BTD
   return head(params, cfg, y_BTD[:, -1:] if last_only else y_BTD)
 
 
-def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False):
+def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False,
+             hidden: bool = False):
   """Every position at once with no memory; also the per-segment KVs and the state the
   last position leaves (for a non-recurrent prompt's prefill). `last_only`: logits of
   the last position only (what prefill needs)."""
@@ -138,7 +142,7 @@ def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: boo
     segs, kvs = _segments(params, cfg), {}
     for name, _, _ in cfg.segments:
       x, kvs[name] = _run(segs, cfg, name, x, ctx)
-    return ModeOut(_logits(params, cfg, x, last_only), {}, kvs, None)
+    return ModeOut(_logits(params, cfg, x, last_only, hidden), {}, kvs, None)
   # Every layer in one run over the stacked weights (cutting them into segments would
   # copy them: +100-300 ms per call at 135M, most of a short prompt's prefill); the
   # recurrent span's last layer is tapped at the last position for the state it leaves.
@@ -152,13 +156,14 @@ def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: boo
   state = recurrence.of(cfg).carry(params, cfg, last[span_end - 1],
                                    recurrence.zero_state(cfg, B)[:, None],
                                    inp.control_flow[:, -1:])[:, 0]
-  return ModeOut(_logits(params, cfg, x, last_only), {}, kvs, state)
+  return ModeOut(_logits(params, cfg, x, last_only, hidden), {}, kvs, state)
 
 
 # ------------------------------------------------------------------------- exact
 
 
-def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False):
+def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False,
+          hidden: bool = False):
   """The true recurrence (all outputs of ModeOut).
 
   A prefix where every row is non-recurrent (cf <= 1: SFT and chat prompts, left
@@ -227,7 +232,8 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   stats = jax.tree.map(lambda a: jnp.swapaxes(a[:, :, 0], 0, 1), stats)
   kvs = {"lower": kv_lo, "middle": kv_mid, "upper": kv_up}
   kvs = {k: v for k, v in kvs.items() if v is not None}
-  return ModeOut(_logits(params, cfg, y, last_only), kind.stats(stats, cf), kvs, S_final)
+  return ModeOut(_logits(params, cfg, y, last_only, hidden), kind.stats(stats, cf), kvs,
+                 S_final)
 
 
 # ------------------------------------------------------------------------ jacobi
@@ -275,7 +281,7 @@ def _iterate(sweep, R, delta, max_sweeps, tol):
 
 
 def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
-           d_backward: int, tol: Optional[float]):
+           d_backward: int, tol: Optional[float], hidden: bool = False):
   """Jacobi fixed-point training forward (logits and aux of ModeOut)."""
   sg = jax.lax.stop_gradient
   # Unrolled over per-layer weights, the sweeps do not re-slice them; with a remat policy
@@ -322,7 +328,7 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
   aux = {"jacobi_residual": sg(delta),
          "jacobi_sweeps": 1 + n_run + n_grad,
          **jax.tree.map(sg, rec.gate_means(gates, inp.control_flow))}
-  return ModeOut(head(params, cfg, y), aux)
+  return ModeOut(_logits(params, cfg, y, False, hidden), aux)
 
 
 def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Optional[float],
@@ -402,15 +408,22 @@ def seq_inputs(tokens, control_flow=None, positions=None, segment_ids=None) -> S
                    None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "mode", "options"))
-def _forward(params, cfg, tokens, inp, mode, options):
+HIDDEN_MODES = ("parallel", "exact", "jacobi")     # modes that can return hidden states
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "options", "hidden"))
+def _forward(params, cfg, tokens, inp, mode, options, hidden=False):
   o = dict(options)
   if cfg.recurrence is None or mode == "parallel":
-    out = parallel(params, cfg, tokens, inp)
+    out = parallel(params, cfg, tokens, inp, hidden=hidden)
   elif mode == "exact":
-    out = exact(params, cfg, tokens, inp)
+    out = exact(params, cfg, tokens, inp, hidden=hidden)
   elif mode == "jacobi":
-    out = jacobi(params, cfg, tokens, inp, o["d_forward"], o["d_backward"], o["jacobi_tol"])
+    out = jacobi(params, cfg, tokens, inp, o["d_forward"], o["d_backward"], o["jacobi_tol"],
+                 hidden)
+  elif hidden:
+    raise ValueError(f"mode={mode!r} computes its passes' logits itself: hidden states "
+                     f"(a chunked loss) are available in {HIDDEN_MODES}")
   else:
     from t2mlr_jax.model import interleaved as schedules
     if mode == "multi_refine":
@@ -480,6 +493,25 @@ def forward(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=None,
   gate_means.
   A model without recurrence computes the same logits in every mode.
   """
+  logits, aux = _checked_forward(params, cfg, tokens, mode, control_flow, positions,
+                                 segment_ids, mode_opts, hidden=False)
+  chex.assert_shape(logits, (*tokens.shape, cfg.vocab_size))
+  return (logits, aux) if return_aux else logits
+
+
+def hidden_states(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=None,
+                  positions=None, segment_ids=None, **mode_opts):
+  """(y [B, T, D], aux): `forward` without the final norm and LM head (`transformer.head`
+  maps y to the logits), so a loss can apply the head a chunk at a time. Modes parallel,
+  exact and jacobi."""
+  y, aux = _checked_forward(params, cfg, tokens, mode, control_flow, positions, segment_ids,
+                            mode_opts, hidden=True)
+  chex.assert_shape(y, (*jnp.shape(tokens), cfg.d_model))
+  return y, aux
+
+
+def _checked_forward(params, cfg, tokens, mode, control_flow, positions, segment_ids,
+                     mode_opts, hidden):
   check_tokens(cfg, tokens)
   tokens = jnp.asarray(tokens, jnp.int32)
   _check_side("control_flow", control_flow, tokens.shape, (0, 1, 2))
@@ -488,6 +520,4 @@ def forward(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=None,
   options = mode_options(cfg, mode, tokens.shape[1], **mode_opts)
   options.pop("refine_weights", None)          # the loss's, not the forward's
   inp = seq_inputs(tokens, control_flow, positions, segment_ids)
-  logits, aux = _forward(params, cfg, tokens, inp, mode, tuple(sorted(options.items())))
-  chex.assert_shape(logits, (*tokens.shape, cfg.vocab_size))
-  return (logits, aux) if return_aux else logits
+  return _forward(params, cfg, tokens, inp, mode, tuple(sorted(options.items())), hidden)

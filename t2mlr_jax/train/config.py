@@ -53,7 +53,8 @@ def base_config() -> config_dict.ConfigDict:
   c.train = dict(
       num_steps=1000, stop_after_steps=config_dict.placeholder(int), batch_size=16,
       seq_len=256, eval_every=500, checkpoint_every=500, log_every=50, seed=0,
-      mode="auto", max_to_keep=3, async_checkpointing=True)
+      mode="auto", max_to_keep=3, async_checkpointing=True,
+      loss_chunk=config_dict.placeholder(int))
   # name "adamw": lr, b1, b2, eps, weight_decay; "muon" (train/optimizer.py): matrix_lr,
   # embedding_lr, unembedding_lr, scalar_lr, adam_b1/b2/eps, muon_momentum, weight_decay
   # (the matrices'), dmodel_lr_scale. Both: warmup/min_lr_frac, grad_clip, recurrence_lr_mult.
@@ -216,6 +217,14 @@ def validate(config):
   rec = getattr(cfg, "recurrence", None)
   if mode in ("interleaved", "chunked") and not rec.passes <= t.seq_len:
     _fail("model.recurrence.passes", rec.passes, f"1 <= passes <= train.seq_len={t.seq_len}")
+  chunk = t.get("loss_chunk")
+  if chunk is not None:
+    from t2mlr_jax.model.modes import HIDDEN_MODES
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+      _fail("train.loss_chunk", chunk, "None or an integer >= 1 (positions per chunk)")
+    if not isinstance(cfg, ModelConfig) or (rec is not None and mode not in HIDDEN_MODES):
+      _fail("train.loss_chunk", chunk, f"None for train.mode={mode!r} (a chunked loss "
+            f"needs a transformer trained in one of {HIDDEN_MODES})")
   return cfg
 
 

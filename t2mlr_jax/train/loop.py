@@ -170,7 +170,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
     if is_main:
       _record_run(workdir, config)
 
-    train_step = make_train_step(cfg, tx, schedule, mode, mesh)
+    train_step = make_train_step(cfg, tx, schedule, mode, mesh, t.get("loss_chunk"))
     data_sharding = sharding.batch_sharding(mesh)
     eval_batches = None
     step = int(jax.device_get(state.step))

@@ -10,7 +10,7 @@ per-pass losses and, per layer, α / β / γ and the mean local / fb / ve gates.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import flax.struct
 import jax
@@ -77,14 +77,16 @@ def _schedule_metrics(aux: dict) -> dict:
   return aux
 
 
-def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh):
-  """jit(state, batch) -> (state, metrics); the state buffer is donated."""
+def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
+                    loss_chunk: Optional[int] = None):
+  """jit(state, batch) -> (state, metrics); the state buffer is donated. loss_chunk: the
+  LM head and CE a chunk of positions at a time (see `model.api.loss`)."""
 
   def loss_fn(params, batch):
     value, aux = model_loss(
         params, cfg, batch["input_ids"], mode=mode, targets=batch["target_ids"],
         control_flow=batch.get("control_flow"), positions=batch.get("positions"),
-        segment_ids=batch.get("segment_ids"), return_aux=True)
+        segment_ids=batch.get("segment_ids"), return_aux=True, loss_chunk=loss_chunk)
     count = aux.pop("supervised_tokens")
     return value, (_schedule_metrics(aux), count)
 

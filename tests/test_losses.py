@@ -1,0 +1,72 @@
+"""The chunked cross-entropy: the same value and gradient as the full one, chunk by chunk."""
+
+import jax
+import numpy as np
+import pytest
+
+from t2mlr_jax import init_params
+from t2mlr_jax.config import LRTConfig, ModelConfig, T2MLRConfig
+from t2mlr_jax.losses import IGNORE
+from t2mlr_jax.model.api import loss
+
+
+def _setup(recurrence=None, tied=False):
+  cfg = ModelConfig(vocab_size=96, d_model=32, n_layers=3, n_heads=2, d_ff=64, max_seq_len=32,
+                    tie_embeddings=tied, recurrence=recurrence)
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 96, (2, 13)).astype(np.int32)
+  targets = rng.integers(0, 96, (2, 13)).astype(np.int32)
+  targets[:, :4] = IGNORE                       # prompt-like unsupervised positions
+  return cfg, params, tokens, targets
+
+
+@pytest.mark.parametrize("recurrence, mode, tied", [
+    (None, "parallel", True),
+    (T2MLRConfig(l_start=1, l_end=1, d_forward=4, d_backward=2), "jacobi", False),
+])
+def test_chunked_loss_equals_the_full_loss_in_value_and_gradient(recurrence, mode, tied):
+  cfg, params, tokens, targets = _setup(recurrence, tied)
+  full = jax.value_and_grad(lambda p: loss(p, cfg, tokens, mode=mode, targets=targets))
+  v_ref, g_ref = full(params)
+  for chunk in (5, 64):                  # T = 13 = 5·2 + 3: a padded last chunk; one chunk
+    f = jax.value_and_grad(lambda p: loss(p, cfg, tokens, mode=mode, targets=targets,
+                                          loss_chunk=chunk))
+    v, g = f(params)
+    assert float(v) == pytest.approx(float(v_ref), abs=1e-6)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+  _, aux = loss(params, cfg, tokens, mode=mode, targets=targets, loss_chunk=5,
+                return_aux=True)
+  assert int(aux["supervised_tokens"]) == 2 * 9
+
+
+def test_chunked_loss_refuses_modes_that_compute_their_own_logits():
+  cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=16,
+                    recurrence=LRTConfig(gate_channels=8))
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  tokens = np.zeros((1, 8), np.int32)
+  with pytest.raises(ValueError, match="loss_chunk=4 needs"):
+    loss(params, cfg, tokens, mode="interleaved", loss_chunk=4)
+  with pytest.raises(ValueError, match="loss_chunk=0 is invalid"):
+    loss(params, cfg, tokens, mode="parallel", loss_chunk=0)
+
+
+def test_train_loss_chunk_is_validated_with_the_field_named():
+  import os
+  import sys
+  from t2mlr_jax.train.config import validate
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
+  import s5_retrieval
+  import s5_retrieval_lrt
+  c = s5_retrieval.get_config("tiny")
+  c.train.loss_chunk = 16
+  validate(c)                                     # jacobi: chunked loss available
+  c.train.loss_chunk = 0
+  with pytest.raises(ValueError, match="train.loss_chunk=0 is invalid"):
+    validate(c)
+  c = s5_retrieval_lrt.get_config("tiny")
+  c.train.loss_chunk = 16
+  with pytest.raises(ValueError, match="train.loss_chunk=16 is invalid: allowed None for "
+                                       "train.mode='interleaved'"):
+    validate(c)
