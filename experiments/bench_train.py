@@ -27,6 +27,10 @@ Parts:
   lrt_compile
            compile seconds of the plain, interleaved S = 2, 3, 8 and multi-refine K = 3
            steps.
+  hf_step  the plain step (loss and gradient, recurrence off) against transformers'
+           PyTorch LlamaForCausalLM with the same weights on the same batch (its loss
+           checked equal), alternated, medians: what a user of the official PyTorch
+           release (HF Llama underneath) pays for the same step on this machine.
   loss_memory
            temporary bytes of the compiled loss-and-gradient of a 2-layer model at
            SmolLM2's width and vocabulary (V = 49152) and T = 4096, batch 1, with the
@@ -258,6 +262,48 @@ def part_memory(shape):
   return out
 
 
+def part_hf_step(shape, repeats, threads=2):
+  import jax
+  import numpy as np
+  import torch
+  import transformers
+
+  import t2mlr_jax
+  from t2mlr_jax.convert.hf import _hf_state_dict, config_to_hf
+  cfg, B, T = build(shape, d_forward=16, d_backward=4)
+  cfg = cfg.replace(recurrence=None)
+  params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
+  tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (B, T)).astype(np.int32)
+  ours = loss_and_grad(cfg, "parallel")
+  torch.set_num_threads(threads)
+  hf_cfg = transformers.LlamaConfig(**{k: v for k, v in config_to_hf(cfg).items()
+                                       if k not in ("architectures", "torch_dtype")})
+  model = transformers.LlamaForCausalLM(hf_cfg)
+  sd = {k: torch.as_tensor(np.array(v, np.float32))
+        for k, v in _hf_state_dict(cfg, jax.device_get(params)).items()}
+  missing = model.load_state_dict(sd, strict=False).missing_keys
+  if [k for k in missing if k != "lm_head.weight"]:
+    raise SystemExit(f"HF model missing weights: {missing}")
+  ids = torch.as_tensor(tokens, dtype=torch.long)
+
+  def hf_step():
+    model.zero_grad(set_to_none=True)
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    return out.loss
+
+  (ours_loss, _), _ = jax.block_until_ready(ours(params, tokens))
+  hf_loss = float(hf_step())
+  times = bc.alternate({"ours": lambda: ours(params, tokens), "hf_pytorch": hf_step}, repeats)
+  med = {k: bc.median(v) for k, v in times.items()}
+  return {"shape": shape, "batch": B, "seq_len": T, "torch_threads": threads,
+          "torch": torch.__version__, "transformers": transformers.__version__,
+          "loss": {"ours": float(ours_loss), "hf_pytorch": hf_loss},
+          "ms_per_step": {k: round(v * 1e3, 1) for k, v in med.items()},
+          "ours_over_hf": round(med["ours"] / med["hf_pytorch"], 3),
+          "raw_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()}}
+
+
 def part_loss_memory(T=4096, chunks=(1024, 512, 256)):
   import jax
   import numpy as np
@@ -335,6 +381,8 @@ def main():
       results["lrt_memory"] = part_lrt_memory(args.lrt_shape)
     elif part == "lrt_compile":
       results["lrt_compile"] = part_lrt_compile(args.lrt_shape)
+    elif part == "hf_step":
+      results["hf_step"] = part_hf_step(args.shape, args.repeats)
     elif part == "loss_memory":
       results["loss_memory"] = part_loss_memory()
     else:
@@ -347,7 +395,7 @@ def main():
     with open(previous) as f:
       old = json.load(f)
     kept = ("step", "step_raw", "step_trained", "memory", "compile", "lrt_step",
-            "lrt_memory", "lrt_compile", "loss_memory")
+            "lrt_memory", "lrt_compile", "loss_memory", "hf_step")
     results = {**{k: v for k, v in old.items() if k in kept},
                **results}
   print("wrote", bc.write_json(out, results))

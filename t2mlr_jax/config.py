@@ -19,6 +19,7 @@ ROPE_SCALING_TYPES = ("llama3",)
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots")
 MLP_TYPES = ("swiglu", "relu2")
+ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")     # see model/kernels.py
 VALUE_EMBEDS = ("alternating", "every")
 LRT_PROJECTIONS = ("layerwise", "shared")
 LRT_INITS = ("official", "identity")
@@ -260,7 +261,8 @@ class ModelConfig(_Replaceable):
   token-indexed table per such layer added to the values, v += 2σ(norm(x)[:C] W) · ve
   (one gate per KV head, C = ve_gate_channels, 0 = d_model), before RoPE;
   rope_table_dtype "bfloat16": the cos/sin tables rounded to bfloat16 and used in fp32,
-  as the LRT release stores them.
+  as the LRT release stores them. attention: the full-sequence attention kernel, "xla",
+  "cudnn" (GPU, bf16/fp16), "splash" (Pallas TPU kernel) or "auto" (model/kernels.py).
   """
   vocab_size: int = 256
   d_model: int = 64
@@ -293,6 +295,7 @@ class ModelConfig(_Replaceable):
   value_embeds: Optional[str] = None
   ve_gate_channels: int = 32
   rope_table_dtype: str = "float32"
+  attention: str = "xla"
   recurrence: Optional[RecurrenceConfig] = None
 
   def __post_init__(self):
@@ -322,6 +325,8 @@ class ModelConfig(_Replaceable):
       invalid("remat", self.remat, f"one of {REMAT_POLICIES}")
     if self.rope_table_dtype not in DTYPES:
       invalid("rope_table_dtype", self.rope_table_dtype, f"one of {DTYPES}")
+    if self.attention not in ATTENTION_IMPLS:
+      invalid("attention", self.attention, f"one of {ATTENTION_IMPLS}")
     if self.mlp_type not in MLP_TYPES:
       invalid("mlp_type", self.mlp_type, f"one of {MLP_TYPES}")
     if self.logit_softcap is not None and not self.logit_softcap > 0:

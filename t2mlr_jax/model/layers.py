@@ -231,7 +231,8 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None, mix=None):
+  def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None, mix=None,
+               segments=None):
     cfg = self.cfg
     dt = compute_dtype(cfg)
     N, Nk, K = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -251,7 +252,12 @@ class Attention(nn.Module):
       k = rms_normalize(k, cfg.rms_norm_eps).astype(k.dtype)
     if kv is None:          # a full sequence: its own keys, mask [B, T, T]
       chex.assert_shape(mask_BTS, (B, T, T))
-      out = attend(q, k, v, mask_BTS)
+      if segments is None:
+        out = attend(q, k, v, mask_BTS)
+      else:                 # a fused kernel (model/kernels.py), causal within segments
+        from t2mlr_jax.model import kernels
+        out = kernels.attend_full(kernels.resolve(cfg.attention, cfg.dtype), q, k, v,
+                                  mask_BTS, segments)
     elif kv.k.ndim == 4:    # rows `index` of a full-length buffer [B, S, N_kv, K] rewritten
       kv = KV(kv.k.at[:, index].set(k.astype(kv.k.dtype)),
               kv.v.at[:, index].set(v.astype(kv.v.dtype)))
@@ -378,7 +384,7 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None,
-               side: Optional[LayerSide] = None, window=None, ve=None):
+               side: Optional[LayerSide] = None, window=None, ve=None, segments=None):
     cfg = self.cfg
     dt = compute_dtype(cfg)
     x = x_BTD
@@ -399,7 +405,8 @@ class Block(nn.Module):
       mix = memory.mixer(h, side, ve)
     elif ve is not None:
       mix = value_embed_mixer(cfg, h, *ve)
-    a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index, mix)
+    a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index, mix,
+                                            segments if window is None else None)
     x = x + a
     h = norm(cfg, "mlp_norm")(x)
     return x + MLP(cfg, name="mlp")(h), kv_out

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t2mlr_jax.config import LRTConfig, ModelConfig, T2MLRConfig
-from t2mlr_jax.model import recurrence
+from t2mlr_jax.model import kernels, recurrence
 from t2mlr_jax.model import transformer
 from t2mlr_jax.model.layers import (KV, LayerSide, Rope, attention_mask, from_cache,
                                     rope_tables, to_cache)
@@ -89,8 +89,11 @@ def _context(params, cfg: ModelConfig, inp: SeqInputs, tokens_BT, x0_BTD) -> Lay
   dist = jnp.arange(T)[:, None] - jnp.arange(T)[None, :]
   zero = jnp.zeros((B, T, cfg.d_model), jnp.float32) if recurrence.uses_memory(cfg) else None
   side = side_inputs(params, cfg, x0_BTD, tokens_BT, dist[None], zero)
+  segments = None
+  if kernels.resolve(cfg.attention, cfg.dtype) != "xla":
+    segments = kernels.segments_for(inp.control_flow, inp.segment_ids)
   return LayerCtx(rope_tables(cfg, inp.positions), mask, side,
-                  value_embed_inputs(params, cfg, tokens_BT))
+                  value_embed_inputs(params, cfg, tokens_BT), segments=segments)
 
 
 def _segments(params, cfg, unrolled=()) -> dict:

@@ -122,6 +122,7 @@ class LayerCtx(NamedTuple):
   side: Optional[LayerSide] = None
   per_layer: Optional[tuple] = None
   collect: bool = False
+  segments: Optional[jnp.ndarray] = None     # [B, T] for fused attention kernels (kernels.py)
 
 
 def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:
@@ -160,7 +161,7 @@ def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=N
   block = Block(cfg)
 
   def layer(x, p, kv, window, ve=None):
-    args = (x, ctx.rope, ctx.mask, kv, index, ctx.side, window, ve)
+    args = (x, ctx.rope, ctx.mask, kv, index, ctx.side, window, ve, ctx.segments)
     if not ctx.collect:
       y, out = block.apply({"params": p}, *args)
     else:

@@ -25,10 +25,10 @@ TRAIN_MODES = ("auto", "parallel", "exact", "jacobi", "interleaved", "chunked", 
 BACKBONE_FIELDS = ("norm_scale", "embed_norm", "qk_norm", "mlp_type", "logit_softcap",
                    "resid_lambdas", "x0_lambdas", "window_pattern", "window_short",
                    "window_long", "pad_vocab_to", "value_embeds", "ve_gate_channels",
-                   "rope_table_dtype")
+                   "rope_table_dtype", "attention")
 # Fields a resumed run may change; any other difference is refused.
-RESUME_MUTABLE = ("train.stop_after_steps", "train.eval_every", "train.checkpoint_every",
-                  "train.log_every")
+RESUME_MUTABLE = ("model.attention", "train.stop_after_steps", "train.eval_every",
+                  "train.checkpoint_every", "train.log_every")
 
 
 def base_config() -> config_dict.ConfigDict:
@@ -44,7 +44,7 @@ def base_config() -> config_dict.ConfigDict:
       window_pattern=config_dict.placeholder(str), window_short=config_dict.placeholder(int),
       window_long=config_dict.placeholder(int), pad_vocab_to=1,
       value_embeds=config_dict.placeholder(str), ve_gate_channels=32,
-      rope_table_dtype="float32",
+      rope_table_dtype="float32", attention="xla",
       recurrence=dict(type="t2mlr", l_start=1, l_end=-2, d_forward=16, d_backward=4,
                       jacobi_tol=config_dict.placeholder(float), residual=True,
                       residual_detach=True, cache_norm="clipped_rms", gate_init=0.5,
@@ -122,7 +122,8 @@ def _init_from_config(config) -> ModelConfig:
   from t2mlr_jax.convert.pretrained import pretrained_config
   m = config.model
   return pretrained_config(m.init_from, recurrence=_recurrence(config), dtype=m.dtype,
-                           remat=m.remat, scan_layers=m.scan_layers, max_seq_len=m.max_seq_len)
+                           remat=m.remat, scan_layers=m.scan_layers, max_seq_len=m.max_seq_len,
+                           attention=m.get("attention", "xla"))
 
 
 def model_config(config) -> Union[ModelConfig, LSTMConfig]:
@@ -212,6 +213,12 @@ def validate(config):
         _fail(f"optimizer.{field}", o[field], "in [0, 1)")
   cfg = model_config(config)
   mode = train_mode(config, cfg)
+  if isinstance(cfg, ModelConfig):
+    from t2mlr_jax.model.kernels import check_available
+    try:
+      check_available(cfg.attention, cfg.dtype)
+    except ValueError as e:
+      raise ValueError(f"config field model.{e}") from None
   if t.seq_len > cfg.max_seq_len:
     _fail("train.seq_len", t.seq_len, f"<= model.max_seq_len={cfg.max_seq_len}")
   rec = getattr(cfg, "recurrence", None)
