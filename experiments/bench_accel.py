@@ -85,6 +85,46 @@ def decode_tps(cfg, batch, prompt, new, repeats):
           "tokens_per_s": round(batch / per_step, 1)}
 
 
+def attention_check(cfg, batch, seq_len, repeats=5):
+  """The backend's fused attention kernel (`attention="auto"`: cudnn on GPU, splash on
+  TPU; splash in interpret mode on a CPU) against `xla` on one packed batch: max logit
+  and gradient differences (bf16 here, so ~1e-2 is expected) and ms per loss+gradient."""
+  import jax
+  import numpy as np
+
+  import t2mlr_jax
+  from t2mlr_jax.model import kernels
+  from t2mlr_jax.model.api import loss
+  impl = kernels.resolve("auto", cfg.dtype)
+  if impl == "xla":
+    impl = "splash"                  # CPU / fp32: the kernel in Pallas interpret mode
+  cfg = cfg.replace(recurrence=None)
+  params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, cfg.vocab_size, (batch, seq_len)).astype(np.int32)
+  seg = np.zeros((batch, seq_len), np.int32)
+  seg[:, seq_len // 3:] = 1                                # two packed documents per row
+  out = {"impl": impl}
+  fns, results = {}, {}
+  for name in ("xla", impl):
+    c = cfg.replace(attention=name)
+    f = jax.jit(jax.value_and_grad(lambda p, c=c: loss(p, c, tokens, mode="parallel",
+                                                       segment_ids=seg)))
+    results[name] = jax.block_until_ready(f(params))
+    logits = t2mlr_jax.forward(params, c, tokens, mode="parallel", segment_ids=seg)
+    results[name] = (results[name], np.asarray(logits, np.float32))
+    fns[name] = lambda f=f: f(params)
+  (_, g_ref), l_ref = results["xla"]
+  (_, g), l = results[impl]
+  out["max_logit_diff"] = float(np.max(np.abs(l - l_ref)))
+  out["max_grad_diff"] = float(max(np.max(np.abs(np.asarray(a, np.float32) -
+                                                 np.asarray(b, np.float32)))
+                                   for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref))))
+  times = bc.alternate(fns, repeats)
+  out["ms_per_step"] = {k: round(bc.median(v) * 1e3, 2) for k, v in times.items()}
+  return out
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--shapes", default="smollm2-135m,smollm2-360m")
@@ -118,6 +158,8 @@ def main():
            "t2mlr_train": train_mfu(cfg, batch, seq_len, "jacobi", args.steps)}
     row["t2mlr_step_ratio"] = round(row["t2mlr_train"]["ms_per_step"] /
                                     row["baseline_train"]["ms_per_step"], 3)
+    row["attention_kernel"] = attention_check(cfg, batch, max(seq_len, 128) if on_cpu
+                                              else seq_len)
     for b in (1, 64):
       row[f"decode_b{b}"] = decode_tps(cfg, b, 128, 128, 3)
       row[f"decode_b{b}_base"] = decode_tps(cfg.replace(recurrence=None), b, 128, 128, 3)
