@@ -56,16 +56,19 @@ class Checkpointer:
   def all_steps(self):
     return list(self.manager.all_steps())
 
-  def save(self, step: int, state, data_iterator, config: dict, model_cfg) -> None:
+  def save(self, step: int, state, data_iterator, config: dict, model_cfg,
+           data_slots: int = 1) -> None:
     """Save (asynchronously) the train state, data iterator and config at `step`.
 
     `model_cfg` (the resolved ModelConfig/LSTMConfig) goes into `meta`, so a
-    checkpoint loads without the experiment config's external files."""
+    checkpoint loads without the experiment config's external files; so does
+    `data_slots`, the number of data iterators (one per batch slice) saved."""
 
     import grain
     meta = {"format_version": FORMAT_VERSION, "library_version": _library_version(),
             "step": int(step), "model_family": type(model_cfg).__name__,
-            "model_config": model_cfg.to_dict()}
+            "model_config": model_cfg.to_dict(), "data_slots": int(data_slots),
+            "process_count": jax.process_count()}
     train = {"step": state.step, "opt_state": state.opt_state,
              "nonfinite_step": state.nonfinite_step}
     args = ocp.args.Composite(

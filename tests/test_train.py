@@ -162,8 +162,16 @@ def test_resume_refuses_a_different_config(tmp_path, monkeypatch):
   # the refusal closes what train() opened (TensorBoard writer, Orbax checkpointer)
   assert sorted(closed) == ["Checkpointer", "MetricsWriter"]
   monkeypatch.undo()
-  # cadences may change on resume
-  loop.train(tiny_config(num_steps=2, log_every=2, eval_every=50), wd, progress=False)
+  # a run saved with one data layout (processes × batch slices) is not resumed in another
+  monkeypatch.setattr(loop.sharding, "process_batch_slot", lambda mesh, batch: (0, 2))
+  with pytest.raises(ValueError, match=r"saved by 1 process\(es\) reading the data in 1 "
+                                       r"slice\(s\); this run has 1 process\(es\) and 2"):
+    loop.train(tiny_config(num_steps=2, eval_every=100), wd, progress=False)
+  monkeypatch.undo()
+  # cadences (and the attention kernel) may change on resume
+  changed = tiny_config(num_steps=2, log_every=2, eval_every=50)
+  changed.model.attention = "splash"
+  loop.train(changed, wd, progress=False)
 
 
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):

@@ -100,6 +100,20 @@ def _check_finite(state, ckpt):
         "(lower optimizer.lr or check the data)")
 
 
+def _check_same_data_layout(meta: dict, slots: int, workdir, step: int) -> None:
+  """A checkpoint's data iterators resume only in the layout that saved them (each
+  process's iterator position is saved per batch slice); refuse another, saying why."""
+  saved = (meta.get("process_count", 1), meta.get("data_slots", 1))
+  now = (jax.process_count(), slots)
+  if saved != now:
+    raise ValueError(
+        f"{workdir} step {step} was saved by {saved[0]} process(es) reading the data in "
+        f"{saved[1]} slice(s); this run has {now[0]} process(es) and {now[1]} slice(s). The "
+        "data iterators' positions are saved per slice, so resume with the same number of "
+        "processes and the same mesh's batch axes, or start a new run from these weights "
+        "(python -m t2mlr_jax.convert --from RUN --to-hf DIR, then model.init_from)")
+
+
 def _init_from_pretrained(state, config, cfg, tx, shardings):
   """Replace fresh parameters by a pretrained model's (recurrence added with γ = 0)."""
   from t2mlr_jax.convert.pretrained import load_pretrained
@@ -159,6 +173,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
                            f"{config_lib.flatten(config.to_dict()).get(k)!r}" for k in conflicts)
         raise ValueError(f"{workdir} holds a run with a different config; refusing to resume "
                          f"(only {', '.join(config_lib.RESUME_MUTABLE)} may change): {detail}")
+      _check_same_data_layout(ckpt.read_json(latest, "meta"), slots, workdir, latest)
       target = ckpt_lib.with_shardings(abstract_state(cfg, tx), shardings)
       state = ckpt.restore(latest, target, data_iter)
       writer.truncate_after(latest)
@@ -186,7 +201,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
     def save(step):
       nonlocal saved_step
       _check_finite(state, ckpt)
-      ckpt.save(step, state, data_iter, config.to_dict(), cfg)
+      ckpt.save(step, state, data_iter, config.to_dict(), cfg, data_slots=slots)
       saved_step = step
 
     with _StopSignal() as stop:
