@@ -1,6 +1,8 @@
-"""Accelerator numbers in a few minutes on one GPU or TPU chip (issue 6, target 6):
-MFU of the baseline and T2MLR (Jacobi 16/4) train steps and greedy decode tokens/s,
-bf16 compute with fp32 master weights, at the SmolLM2-135M and -360M shapes.
+"""Accelerator numbers in a few minutes on one GPU or TPU chip: MFU of the baseline and
+T2MLR (Jacobi 16/4) train steps, greedy decode tokens/s, time to first token (prompts of
+128 and 1024 tokens), the fused attention kernel against xla, bf16 compute with fp32
+master weights, at the SmolLM2-135M and -360M shapes; and LRT (interleaved S = 2) against
+its nanochat-d12 backbone.
 
     python experiments/bench_accel.py                       # writes results/bench_accel.json
     python experiments/bench_accel.py --shapes smollm2-135m --steps 5   # quicker
@@ -85,6 +87,20 @@ def decode_tps(cfg, batch, prompt, new, repeats):
           "tokens_per_s": round(batch / per_step, 1)}
 
 
+def ttft_ms(cfg, prompt, repeats, prompt_cf=1):
+  """Median ms of generate(max_new_tokens=1) at batch 1 (the prompt non-recurrent)."""
+  import jax
+  import numpy as np
+
+  import t2mlr_jax
+  params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
+  tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (1, prompt)).astype(np.int32)
+  run = lambda: t2mlr_jax.generate(params, cfg, tokens, max_new_tokens=1,
+                                   prompt_control_flow=prompt_cf)
+  jax.block_until_ready(run())
+  return round(bc.median(bc.alternate({"g": run}, repeats)["g"]) * 1e3, 2)
+
+
 def attention_check(cfg, batch, seq_len, repeats=5):
   """The backend's fused attention kernel (`attention="auto"`: cudnn on GPU, splash on
   TPU; splash in interpret mode on a CPU) against `xla` on one packed batch: max logit
@@ -158,6 +174,9 @@ def main():
            "t2mlr_train": train_mfu(cfg, batch, seq_len, "jacobi", args.steps)}
     row["t2mlr_step_ratio"] = round(row["t2mlr_train"]["ms_per_step"] /
                                     row["baseline_train"]["ms_per_step"], 3)
+    for prompt in (128, 1024):
+      row[f"ttft_{prompt}_ms"] = {"t2mlr": ttft_ms(cfg, prompt, 5),
+                                  "plain": ttft_ms(cfg.replace(recurrence=None), prompt, 5)}
     row["attention_kernel"] = attention_check(cfg, batch, max(seq_len, 128) if on_cpu
                                               else seq_len)
     for b in (1, 64):
@@ -165,6 +184,21 @@ def main():
       row[f"decode_b{b}_base"] = decode_tps(cfg.replace(recurrence=None), b, 128, 128, 3)
     results["shapes"][shape] = row
     print(shape, row, flush=True)
+  # LRT (layerwise, interleaved S = 2) on nanochat's d12 backbone against that backbone
+  from t2mlr_jax.config import LRTConfig
+  lrt = ModelConfig.preset("nanochat-d12", dtype="bfloat16", recurrence=LRTConfig(passes=2))
+  batch, seq_len = args.batch, args.seq_len
+  if on_cpu:
+    lrt = lrt.replace(n_layers=4, d_model=128, n_heads=2, n_kv_heads=2, head_dim=64,
+                      d_ff=256, vocab_size=512, dtype="float32", window_pattern=None)
+    batch, seq_len = 2, 64
+  row = {"baseline_train": train_mfu(lrt.replace(recurrence=None), batch, seq_len,
+                                     "parallel", args.steps),
+         "lrt_train": train_mfu(lrt, batch, seq_len, "interleaved", args.steps)}
+  row["lrt_step_ratio"] = round(row["lrt_train"]["ms_per_step"] /
+                                row["baseline_train"]["ms_per_step"], 3)
+  results["lrt_nanochat_d12"] = row
+  print("lrt nanochat-d12", row, flush=True)
   out = os.environ.get("OUT")     # the device tool's output folder, when there is one
   path = bc.write_json(args.out, results)
   if out:
