@@ -115,6 +115,20 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
 
 
+def constrain_batch(x):
+  """x with its leading (batch) axis constrained to ('data', 'fsdp') and the rest
+  replicated, when traced under a mesh with those axes (`jax.sharding.use_abstract_mesh`,
+  as the train step is); unchanged otherwise, or when the batch does not divide. Applied
+  at layer boundaries and on the Jacobi / interleaved carries, so activations keep the
+  batch layout whatever XLA's propagation would pick."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+    return x
+  if x.shape[0] % math.prod(mesh.shape[a] for a in BATCH_AXES):
+    return x
+  return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *([None] * (x.ndim - 1))))
+
+
 def batch_divisor(mesh: Mesh) -> int:
   return mesh.shape["data"] * mesh.shape["fsdp"]
 

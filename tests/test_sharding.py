@@ -64,6 +64,11 @@ def test_train_step_on_2x2x2_mesh_equals_one_device():
         shardings.params["layers"]["mlp"]["up"]["kernel"]
     step = make_train_step(cfg, tx, schedule, "jacobi", mesh)
     placed = {k: jax.device_put(v, sharding.batch_sharding(mesh)) for k, v in batch.items()}
+    if mesh.size == 8:     # activations constrained to the batch layout between layers
+      text = step.lower(state, placed).as_text()
+      constrained = [line for line in text.splitlines() if "sharding_constraint" in line]
+      assert len(constrained) >= cfg.n_layers
+      assert all('[{"data", "fsdp"}, {}, {}]' in line for line in constrained)
     for _ in range(2):
       state, metrics = step(state, placed)
     results.append((float(metrics["loss"]), jax.device_get(state.params)))

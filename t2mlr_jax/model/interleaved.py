@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.sharding import constrain_batch
 from t2mlr_jax.model.layers import KV, apply_rope, rms_normalize, rope_tables
 from t2mlr_jax.model.modes import ModeOut, SeqInputs, _context, _segments, side_inputs
 from t2mlr_jax.model.recurrence import lrt
@@ -109,7 +110,7 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
     x, (out, _) = run_layers(segs[name][1], cfg, x, ctx, lo)
     bufs.append(out)
     if lo <= span_end < hi:
-      H = lrt.carry(params, cfg, x, None, inp.control_flow)
+      H = constrain_batch(lrt.carry(params, cfg, x, None, inp.control_flow))
   logits0 = head(params, cfg, x)
   bufs = jax.tree.map(lambda *a: jnp.concatenate(a), *bufs)
   if kv_refresh:
@@ -138,7 +139,8 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
       new_bufs.append(nb)
       inter.append(collected)
       if lo <= span_end < hi:
-        H = H.at[:, P].set(lrt.carry(params, cfg, x, None, inp.control_flow[:, P]))
+        H = constrain_batch(H.at[:, P].set(lrt.carry(params, cfg, x, None,
+                                                     inp.control_flow[:, P])))
     buf = jax.tree.map(lambda *a: jnp.concatenate(a), *new_bufs)
     logits = head(params, cfg, x)
     pass_logits.append(logits)
@@ -189,7 +191,7 @@ def multi_refine(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, refine_pas
       x, (_, collected) = run_layers(segs[name][1], cfg, x, c, lo)
       inter.append(collected)
       if lo <= span_end < hi:
-        H = lrt.carry(params, cfg, x, None, inp.control_flow)
+        H = constrain_batch(lrt.carry(params, cfg, x, None, inp.control_flow))
     return head(params, cfg, x), H, _gate_means(inter, cfg.n_layers)
 
   logits0, H, gates = full_pass(ctx.side.memory)

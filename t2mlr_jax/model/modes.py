@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t2mlr_jax.config import LRTConfig, ModelConfig, T2MLRConfig
+from t2mlr_jax.sharding import constrain_batch
 from t2mlr_jax.model import kernels, recurrence
 from t2mlr_jax.model import transformer
 from t2mlr_jax.model.layers import (KV, LayerSide, Rope, attention_mask, from_cache,
@@ -250,14 +251,15 @@ def _sweep(cfg, first, p_mid, p_rec, h_lo, R, ctx, inp: SeqInputs):
   """One middle pass with the mixer on; returns the next shifted cache."""
   x, _ = rec.inject(p_rec, cfg, h_lo, R, inp.control_flow)
   o, _ = _layers((first, p_mid), cfg, x, ctx)
-  return rec.shift_right(rec.write(p_rec, cfg, o, R, inp.control_flow), inp.positions)
+  return constrain_batch(rec.shift_right(rec.write(p_rec, cfg, o, R, inp.control_flow),
+                                         inp.positions))
 
 
 def _sweep0(cfg, first, p_mid, h_lo, ctx, inp: SeqInputs):
   """Sweep 0: the plain middle block; its raw output, shifted, is the first cache."""
   c, _ = _layers((first, p_mid), cfg, h_lo, ctx)
   c = jnp.where((inp.control_flow == recurrence.CF_PAD)[..., None], 0.0, c.astype(jnp.float32))
-  return rec.shift_right(c, inp.positions)
+  return constrain_batch(rec.shift_right(c, inp.positions))
 
 
 def _iterate(sweep, R, delta, max_sweeps, tol):

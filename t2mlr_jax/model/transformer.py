@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import LRTConfig, ModelConfig
+from t2mlr_jax.sharding import constrain_batch
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.layers import (Block, LayerSide, Rope, compute_dtype, final_norm,
                                     rms_normalize, rope_tables)
@@ -167,6 +168,7 @@ def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=N
     else:
       (y, out), state = block.apply({"params": p}, *args, mutable=["intermediates"])
       out = (out, state.get("intermediates", {}))
+    y = constrain_batch(y)
     return y, ((out, y[:, -1:]) if keep_last else out)
 
   layer = _remat(cfg, layer)

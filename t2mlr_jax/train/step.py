@@ -91,7 +91,10 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
     return value, (_schedule_metrics(aux), count)
 
   def step(state: TrainState, batch):
-    (loss, (aux, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    # the mesh's axes visible to the model's activation constraints (sharding.constrain_batch)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      (loss, (aux, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params,
+                                                                               batch)
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
