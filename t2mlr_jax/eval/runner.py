@@ -20,13 +20,22 @@ def _eval_batch(params, batch, cfg, mode):
   return jnp.argmax(logits, -1), jnp.sum(nll), jnp.sum(valid)
 
 
+def to_host(x) -> np.ndarray:
+  """x as a NumPy array on every process, also when it is sharded over devices of other
+  processes (a multi-host run): gathered with multihost_utils then."""
+  if getattr(x, "is_fully_addressable", True):
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def evaluate(params, cfg: AnyModelConfig, batches, metrics_factory, mode: str = "exact") -> dict:
   """{'loss': mean NLL over supervised tokens, **task metrics} over `batches`."""
   acc = metrics_factory()
   nll_sum, count = 0.0, 0
   for batch in batches:
     pred, nll, n = _eval_batch(params, {k: jnp.asarray(v) for k, v in batch.items()}, cfg, mode)
-    acc.update(np.asarray(pred), batch)
-    nll_sum += float(nll)
-    count += int(n)
+    acc.update(to_host(pred), batch)
+    nll_sum += float(to_host(nll))
+    count += int(to_host(n))
   return {"loss": nll_sum / max(count, 1), **acc.result()}
