@@ -80,6 +80,25 @@ def _splash_kernel(heads: int, T: int, interpret: bool):
 
 
 def _splash(q_BTNK, k_BTMK, v_BTMK, segments_BT):
+  """Splash over a mesh: a Pallas kernel is opaque to XLA's partitioner, so under the
+  train step's mesh it runs per shard (jax.shard_map): the batch split over
+  ('data', 'fsdp') and the heads over 'tensor' where they divide, else replicated."""
+  from jax.sharding import PartitionSpec as P
+
+  from t2mlr_jax.sharding import BATCH_AXES
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return _splash_local(q_BTNK, k_BTMK, v_BTMK, segments_BT)
+  B, N, M = q_BTNK.shape[0], q_BTNK.shape[2], k_BTMK.shape[2]
+  batch = BATCH_AXES if B % math.prod(mesh.shape[a] for a in BATCH_AXES) == 0 else None
+  t = mesh.shape.get("tensor", 1)
+  heads = "tensor" if N % t == 0 and M % t == 0 else None
+  qkv, seg = P(batch, None, heads, None), P(batch, None)
+  return jax.shard_map(_splash_local, mesh=mesh, in_specs=(qkv, qkv, qkv, seg),
+                       out_specs=qkv, check_vma=False)(q_BTNK, k_BTMK, v_BTMK, segments_BT)
+
+
+def _splash_local(q_BTNK, k_BTMK, v_BTMK, segments_BT):
   from jax.experimental.pallas.ops.tpu import splash_attention as sa
   B, T, N, K = q_BTNK.shape
   G = N // k_BTMK.shape[2]
