@@ -16,7 +16,8 @@ from _util import active_params, random_tokens, tiny_cfg
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=0.8, top_k=10, rng=jax.random.PRNGKey(3)),
+@pytest.mark.parametrize("kw", [pytest.param(dict(temperature=0.8, top_k=10,
+                                                  rng=jax.random.PRNGKey(3)), marks=pytest.mark.slow),
                                 dict(prompt_control_flow=1, eos_id=5)])   # greedy: below
 def test_stream_yields_generates_tokens(kw):
   cfg = tiny_cfg(vocab_size=40)

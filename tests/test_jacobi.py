@@ -56,7 +56,7 @@ def _ce(logits, tokens):
   return cross_entropy(logits, next_token_labels(tokens))[0]
 
 
-@pytest.mark.parametrize("d_f,d_b", [(5, 2), (4, 4)])
+@pytest.mark.parametrize("d_f,d_b", [pytest.param(5, 2, marks=pytest.mark.slow), (4, 4)])
 def test_gradient_matches_hand_unrolled_reference(setup, d_f, d_b):
   cfg, params, tokens = setup
   zeros = lambda: jax.tree.map(jnp.zeros_like, (segment_params(params, 1, 3), params["recurrence"]))

@@ -137,7 +137,7 @@ def test_swiglu_value_and_gradients_equal_autodiff(dtype, tol):
     np.testing.assert_allclose(np.float32(gc), np.float32(ga), atol=tol * scale, rtol=tol)
 
 
-@pytest.mark.parametrize("remat", ["full", "dots"])
+@pytest.mark.parametrize("remat", ["full", pytest.param("dots", marks=pytest.mark.slow)])
 def test_remat_policies_give_the_same_jacobi_gradients(remat):
   cfg = tiny_cfg()
   params = active_params(cfg)

@@ -23,7 +23,8 @@ def _setup(recurrence=None, tied=False):
 
 @pytest.mark.parametrize("recurrence, mode, tied", [
     (None, "parallel", True),
-    (T2MLRConfig(l_start=1, l_end=1, d_forward=4, d_backward=2), "jacobi", False),
+    pytest.param(T2MLRConfig(l_start=1, l_end=1, d_forward=4, d_backward=2), "jacobi", False,
+                 marks=pytest.mark.slow),
 ])
 def test_chunked_loss_equals_the_full_loss_in_value_and_gradient(recurrence, mode, tied):
   cfg, params, tokens, targets = _setup(recurrence, tied)
