@@ -87,6 +87,16 @@ def decode_tps(cfg, batch, prompt, new, repeats):
           "tokens_per_s": round(batch / per_step, 1)}
 
 
+def paired_steps(cfg, name, mode, batch, seq_len, steps) -> dict:
+  """The recurrent model's train step (`mode`) and its backbone's, and their ratio."""
+  row = {"baseline_train": train_mfu(cfg.replace(recurrence=None), batch, seq_len,
+                                     "parallel", steps),
+         f"{name}_train": train_mfu(cfg, batch, seq_len, mode, steps)}
+  row[f"{name}_step_ratio"] = round(row[f"{name}_train"]["ms_per_step"] /
+                                    row["baseline_train"]["ms_per_step"], 3)
+  return row
+
+
 def ttft_ms(cfg, prompt, repeats, prompt_cf=1):
   """Median ms of generate(max_new_tokens=1) at batch 1 (the prompt non-recurrent)."""
   import jax
@@ -169,11 +179,7 @@ def main():
                         d_ff=128, vocab_size=512, dtype="float32",
                         recurrence=T2MLRConfig(l_start=1, l_end=2))
       batch, seq_len = 2, 64
-    row = {"baseline_train": train_mfu(cfg.replace(recurrence=None), batch, seq_len,
-                                       "parallel", args.steps),
-           "t2mlr_train": train_mfu(cfg, batch, seq_len, "jacobi", args.steps)}
-    row["t2mlr_step_ratio"] = round(row["t2mlr_train"]["ms_per_step"] /
-                                    row["baseline_train"]["ms_per_step"], 3)
+    row = paired_steps(cfg, "t2mlr", "jacobi", batch, seq_len, args.steps)
     for prompt in (128, 1024):
       row[f"ttft_{prompt}_ms"] = {"t2mlr": ttft_ms(cfg, prompt, 5),
                                   "plain": ttft_ms(cfg.replace(recurrence=None), prompt, 5)}
@@ -192,11 +198,7 @@ def main():
     lrt = lrt.replace(n_layers=4, d_model=128, n_heads=2, n_kv_heads=2, head_dim=64,
                       d_ff=256, vocab_size=512, dtype="float32", window_pattern=None)
     batch, seq_len = 2, 64
-  row = {"baseline_train": train_mfu(lrt.replace(recurrence=None), batch, seq_len,
-                                     "parallel", args.steps),
-         "lrt_train": train_mfu(lrt, batch, seq_len, "interleaved", args.steps)}
-  row["lrt_step_ratio"] = round(row["lrt_train"]["ms_per_step"] /
-                                row["baseline_train"]["ms_per_step"], 3)
+  row = paired_steps(lrt, "lrt", "interleaved", batch, seq_len, args.steps)
   results["lrt_nanochat_d12"] = row
   print("lrt nanochat-d12", row, flush=True)
   out = os.environ.get("OUT")     # the device tool's output folder, when there is one
