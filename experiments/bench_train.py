@@ -387,7 +387,10 @@ def main():
       results["loss_memory"] = part_loss_memory()
     else:
       p.error(f"unknown part {part!r}")
-    print(part, {k: v for k, v in results[part].items() if k != "raw_seconds"}, flush=True)
+    results[part] = {"machine": bc.machine_info(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                     **results[part]}
+    print(part, {k: v for k, v in results[part].items()
+                 if k not in ("raw_seconds", "machine")}, flush=True)
   out = args.out or f"bench_train_{args.shape}.json"
   previous = os.path.join(bc.RESULTS, out)
   if os.path.exists(previous):          # keep the parts not rerun

@@ -80,6 +80,15 @@ def train_rows(d, name) -> list[str]:
             f"jacobi_tol={s['jacobi_tol']} {ms['jacobi_tol']:.0f} ms "
             f"({ratio['jacobi_tol']:.2f}×, {s['sweeps']['tol']} sweeps); loss on the "
             f"running states {s['loss']['fixed']:.3g} vs {s['loss']['tol']:.3g}.", ""]
+  if "hf_step" in d:
+    h = d["hf_step"]
+    out += [f"Plain step against transformers' PyTorch `LlamaForCausalLM` with the same "
+            f"weights (`--parts=hf_step`; {_machine(h if 'machine' in h else d)}; "
+            f"B={h['batch']}, T={h['seq_len']}, loss and "
+            f"gradient, torch {h['torch']} with {h['torch_threads']} threads, alternated, "
+            f"medians; losses {h['loss']['ours']:.6f} vs {h['loss']['hf_pytorch']:.6f}): "
+            f"ours {h['ms_per_step']['ours']:.0f} ms, PyTorch "
+            f"{h['ms_per_step']['hf_pytorch']:.0f} ms ({h['ours_over_hf']:.2f}×).", ""]
   if "memory" in d:
     m = d["memory"]
     out.append("Peak temporary memory of the compiled step (XLA `memory_analysis`, MB):")
