@@ -56,11 +56,8 @@ def find_gguf() -> str:
 def ensure_export(gguf_path: str, export: str) -> None:
   from t2mlr_jax import checkpoint
   from t2mlr_jax.convert import gguf
-  if checkpoint.is_export(export):
-    return
-  cfg, params, tokenizer = gguf.from_gguf(gguf_path)
-  checkpoint.export(cfg, params, export)
-  tokenizer.save(export)
+  if not checkpoint.is_export(export):
+    gguf.export_gguf(gguf_path, export)
 
 
 def ensure_data(workdir: str, train_examples: int, eval_examples: int,

@@ -63,12 +63,10 @@ def main(argv=None):
     if args.from_gguf:
       from t2mlr_jax.convert import gguf
       try:
-        cfg, params, tokenizer = gguf.from_gguf(args.from_gguf, recurrence=recurrence,
-                                                dtype=args.dtype)
+        cfg, copied = gguf.export_gguf(args.from_gguf, args.to, recurrence=recurrence,
+                                       dtype=args.dtype)
       except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-      checkpoint.export(cfg, params, args.to)
-      copied = tokenizer.save(args.to)
       print(f"wrote {args.to} ({cfg.num_params():,} parameters; tokenizer files: {copied})")
       return
     cfg, params = hf.from_hf(args.from_hf, recurrence=recurrence)

@@ -218,3 +218,13 @@ def from_gguf(path: str, *, recurrence=None, dtype: str = "float32", seed: int =
   if dtype == "bfloat16":
     params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16)), params)
   return cfg, params, tokenizer
+
+
+def export_gguf(path: str, out: str, *, recurrence=None, dtype: str = "float32"):
+  """`from_gguf`, written as a parameter export at `out` (what training's
+  `model.init_from` reads) with tokenizer.json / tokenizer_config.json beside it.
+  Returns (cfg, the tokenizer files written)."""
+  from t2mlr_jax import checkpoint
+  cfg, params, tokenizer = from_gguf(path, recurrence=recurrence, dtype=dtype)
+  checkpoint.export(cfg, params, out)
+  return cfg, tokenizer.save(out)

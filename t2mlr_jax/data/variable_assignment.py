@@ -213,11 +213,9 @@ def write_sft_jsonl(path: str, num_examples: int, *, seed: int, steps: bool = Tr
                     **kwargs) -> None:
   """`num_examples` records (example i from (seed, i)) as JSONL, written whole or not at all."""
   import json
-  import os
+
+  from t2mlr_jax import paths
   _check_count("num_examples", num_examples, 1)
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    for i in range(num_examples):
-      rec = sft_record(generate_example((seed, i), **kwargs), steps=steps)
-      f.write(json.dumps(rec) + "\n")
-  os.replace(tmp, path)
+  paths.write_text(path, "".join(
+      json.dumps(sft_record(generate_example((seed, i), **kwargs), steps=steps)) + "\n"
+      for i in range(num_examples)))
