@@ -197,11 +197,12 @@ def load(workdir: str, step: Optional[int] = None):
       raise ValueError(f"step={step} is not saved in {ckpt.directory}: allowed one of "
                        f"{sorted(ckpt.all_steps())}")
     meta = ckpt.check_format(step)
-    if "model_family" in meta:
-      cfg = model_config_from_meta(meta)
-    else:   # early format-1 checkpoints: rebuild from the experiment config
-      from t2mlr_jax.train.config import model_config
-      cfg = model_config(config_dict.ConfigDict(ckpt.read_json(step, "config")))
+    if "model_family" not in meta:
+      raise ValueError(
+          f"{ckpt.directory} step {step} predates checkpoints that record their model "
+          "config: rebuild it from the experiment config, cfg = t2mlr_jax.train.config."
+          "model_config(checkpoint.load_config(workdir)), and restore with that")
+    cfg = model_config_from_meta(meta)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.eval_shape(lambda: init_model(cfg, jax.random.PRNGKey(0)))
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),

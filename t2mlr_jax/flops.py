@@ -124,6 +124,17 @@ def train_step_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "pa
   return fwd + 2 * with_grad
 
 
+def exact_bptt_bytes(cfg: ModelConfig, batch: int, seq_len: int) -> float:
+  """Bytes backpropagation through the exact mode keeps for its token-by-token loop: every
+  step's key/value caches of the recurrent block (and their cotangents), quadratic in
+  the sequence length. Matches XLA's compiled temporary memory to ~5% once this term
+  dominates (T·B >= 512 at d_model 64); the rest of the step is not counted."""
+  n_block = _segment_layers(cfg)["middle"] if cfg.recurrence is not None else 0
+  itemsize = 2 if cfg.dtype in ("bfloat16", "float16") else 4
+  return float(2 * 2 * seq_len * seq_len * batch * cfg.n_kv_heads * cfg.head_dim * n_block
+               * itemsize)
+
+
 def decode_flops_per_token(cfg: ModelConfig, context: int) -> float:
   """One decode step with `context` cached keys."""
   return (cfg.n_layers * (layer_matmul_flops(cfg, 1) + attention_flops(cfg, 1, context))

@@ -97,3 +97,15 @@ def test_nanochat_presets():
   assert d20.vocab_size == 32768 and d20.max_seq_len == 2048 and not d20.tie_embeddings
   assert d12.layer_windows[:4] == (1024, 1024, 1024, 2048) and d12.layer_windows[-1] == 2048
   assert ModelConfig().layer_windows is None and ModelConfig().padded_vocab == 256
+
+
+def test_the_public_loader_does_not_import_the_trainer():
+  """checkpoint.load is for downstream scripts: importing it pulls in neither the
+  trainer's config module nor the pretrained-model converters (no import circle)."""
+  import subprocess
+  import sys
+  code = ("import sys, t2mlr_jax.checkpoint; "
+          "print(sorted(m for m in sys.modules if m.startswith(('t2mlr_jax.train', "
+          "'t2mlr_jax.convert'))))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]"

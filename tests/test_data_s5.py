@@ -475,3 +475,16 @@ def test_source_group_schedule_draws_from_the_stage_group():
     assert (ex["input_ids"] == src[i]["input_ids"]).all()          # still deterministic
   later = {a for i in range(30, 60) for a in src[i]["input_ids"].tolist()} & s3
   assert later - z2                                                  # S3 actions appear
+
+
+def test_control_flow_from_tokens_is_the_generated_one():
+  examples = [s5.generate_example(seed=i, num_actions=n, value_len=3)
+              for i, n in enumerate((1, 4, 9))]
+  for ex in examples:
+    np.testing.assert_array_equal(s5.control_flow(ex["input_ids"]), ex["control_flow"])
+  batch = s5.pad_batch(examples, 100)
+  np.testing.assert_array_equal(s5.control_flow(batch["input_ids"]), batch["control_flow"])
+  wp = s5.generate_word_problem(seed=3, num_actions=5)
+  np.testing.assert_array_equal(s5.control_flow(wp["input_ids"]), wp["control_flow"])
+  with pytest.raises(ValueError, match="input_ids"):
+    s5.control_flow(np.zeros((1, 2, 3), np.int32))

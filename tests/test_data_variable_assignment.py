@@ -2,6 +2,8 @@
 
 import re
 
+import numpy as np
+
 import pytest
 
 from t2mlr_jax.data import variable_assignment as va
@@ -169,3 +171,12 @@ def test_chain_correct_scores_the_walk_not_just_the_answer():
   assert not va.chain_correct(ex["prompt"], f"### {ex['answer']}")  # right digit, no walk
   with pytest.raises(ValueError, match="not a Variable Assignment prompt"):
     va.parse_prompt("What is 2+2?")
+
+
+def test_control_flow_from_tokens_is_the_tokenized_one():
+  from t2mlr_jax.data import variable_assignment as va
+  for seed in range(4):
+    ex = va.tokenize_example(va.generate_example(seed, depth=1 + seed % 3))
+    np.testing.assert_array_equal(va.control_flow(ex["input_ids"]), ex["control_flow"])
+  with pytest.raises(ValueError, match="answer prefix"):
+    va.control_flow(np.array([5, 6, 7], np.int32))

@@ -134,7 +134,7 @@ def test_bad_generate_arguments(model, kwargs, field):
 
 
 def test_parallel_jacobi_prefill_capped_at_T_equals_exact(model):
-  """Jacobi prefill with T sweeps is exact by construction (issue 6, target 4)."""
+  """Jacobi prefill with T sweeps is exact by construction (SPEC §8)."""
   cfg, params = model
   prompt = random_tokens(cfg, 2, 12, seed=12)
   exact_new, exact_logits = generate(params, cfg, prompt, max_new_tokens=N_NEW,
@@ -159,8 +159,9 @@ def test_decode_loop_updates_the_kv_cache_in_place(model, B):
   P, N = 5, 3
   prompt = jnp.asarray(random_tokens(cfg, B, P, seed=9))
   hlo = decode._generate.lower(
-      params, cfg, prompt, jnp.full((B,), P, jnp.int32), jax.random.PRNGKey(0), N, 0.0, None,
-      None, None, 2, False, "exact", None).compile().as_text()
+      params, cfg, prompt, jnp.full((B,), P, jnp.int32), jnp.full((B, P), 2, jnp.int32),
+      jax.random.PRNGKey(0), N, 0.0, None, None, None, True, False, "exact",
+      None).compile().as_text()
   shape = f"f32[{B * cfg.n_kv_heads},{P + N},{cfg.head_dim}]"
   assert hlo.count(shape) > 0, "cache shape not found: the layout changed, update the test"
   copies = re.findall(re.escape(shape) + r"\{[0-9,]*\} copy\(", hlo)
@@ -189,3 +190,41 @@ def test_non_recurrent_prompt_prefill_is_the_exact_prefill(model):
   assert float(jnp.abs(sp.R).max()) > 0             # the state is really written
   for a, b in zip(jax.tree.leaves(sp.kv), jax.tree.leaves(se.kv)):
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_per_token_prompt_control_flow_equals_the_exact_forward(model):
+  """A [B, P] prompt control flow (mixed 1s and 2s, as a task's prompt has) decodes with
+  the logits the exact forward gives that control flow, teacher-forced."""
+  cfg, params = model
+  prompt = random_tokens(cfg, 2, 7, seed=21)
+  pcf = np.array([[1, 1, 2, 2, 1, 2, 2], [2, 1, 1, 1, 2, 2, 1]], np.int32)
+  new, logits = generate(params, cfg, prompt, max_new_tokens=4, prompt_control_flow=pcf,
+                         return_logits=True)
+  seq = np.concatenate([prompt, np.asarray(new)], axis=1)
+  cf = np.concatenate([pcf, np.full((2, 4), 2, np.int32)], axis=1)
+  ref = np.asarray(forward(params, cfg, seq, mode="exact", control_flow=cf))[:, 6:-1]
+  np.testing.assert_allclose(np.asarray(logits), ref, atol=1e-4)
+  # all 2s as an array is the scalar 2
+  np.testing.assert_array_equal(
+      generate(params, cfg, prompt, max_new_tokens=4, prompt_control_flow=np.full((2, 7), 2)),
+      generate(params, cfg, prompt, max_new_tokens=4, prompt_control_flow=2))
+  with pytest.raises(ValueError, match="prompt_control_flow"):
+    generate(params, cfg, prompt, max_new_tokens=2, prompt_control_flow=np.full((2, 6), 2))
+
+
+def test_pad_id_gives_the_lengths_and_refuses_right_padding(model):
+  cfg, params = model
+  PAD = 0
+  prompt = random_tokens(cfg, 2, 6, seed=22)
+  prompt = np.where(prompt == PAD, 1, prompt)
+  left = prompt.copy()
+  left[1, :2] = PAD                                     # row 1: 4 real tokens
+  by_pad = generate(params, cfg, left, max_new_tokens=3, pad_id=PAD)
+  by_len = generate(params, cfg, left, max_new_tokens=3, prompt_lengths=[6, 4])
+  np.testing.assert_array_equal(by_pad, by_len)
+  right = prompt.copy()
+  right[1, -2:] = PAD
+  with pytest.raises(ValueError, match="left-pad"):
+    generate(params, cfg, right, max_new_tokens=3, pad_id=PAD)
+  with pytest.raises(ValueError, match="prompt_lengths"):
+    generate(params, cfg, left, max_new_tokens=3, pad_id=PAD, prompt_lengths=[6, 6])

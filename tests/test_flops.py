@@ -68,3 +68,36 @@ def test_lrt_interleaved_flops_match_xla():
     xla = _xla_flops(lambda p, t: forward(p, cfg, t, mode=mode, **opts), params, tokens)
     model = flops.forward_flops(cfg, B, T, mode)
     assert abs(model / xla - 1) < 0.10, (mode, model, xla)
+
+
+def test_exact_bptt_memory_estimate_matches_the_compiled_step():
+  """exact_bptt_bytes against XLA's temporary memory of the exact mode's gradient, where
+  the quadratic term dominates, and the training config's warning quoting it."""
+  import jax.numpy as jnp
+  from t2mlr_jax import loss
+  from t2mlr_jax.flops import exact_bptt_bytes
+  cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
+                    max_seq_len=256, recurrence=T2MLRConfig(l_start=1, l_end=1))
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  tokens = jnp.zeros((2, 256), jnp.int32)
+  step = jax.jit(jax.grad(lambda p: loss(p, cfg, tokens, mode="exact")))
+  temp = step.lower(params).compile().memory_analysis().temp_size_in_bytes
+  estimate = exact_bptt_bytes(cfg, 2, 256)
+  assert estimate == 2 * 2 * 256 * 256 * 2 * 2 * 16 * 1 * 4
+  assert 0.8 < temp / estimate < 1.25, (temp, estimate)
+
+
+def test_exact_training_on_long_sequences_warns_with_the_estimate(caplog):
+  import logging
+  from t2mlr_jax.train.config import base_config, validate
+  c = base_config()
+  c.train.mode, c.train.seq_len, c.train.batch_size = "exact", 2048, 16
+  with caplog.at_level(logging.WARNING):
+    validate(c)
+  # 4 layers, l 1..-2: 2 block layers; 4 heads of 16 (kv = heads): 2·2·2048²·16·4·16·2·4 B
+  assert "train.mode='exact'" in caplog.text and "128.0 GiB" in caplog.text
+  caplog.clear()
+  c.train.seq_len = 256
+  with caplog.at_level(logging.WARNING):
+    validate(c)
+  assert "train.mode='exact'" not in caplog.text

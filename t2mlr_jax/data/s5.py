@@ -312,6 +312,25 @@ def generate_word_problem(seed: SeedLike, num_actions: int, *,
               control_flow=np.full(num_actions, 2, np.int32))
 
 
+def control_flow(input_ids, pad_id: int = PAD_ID) -> np.ndarray:
+  """The control flow the S5 tasks train with, rebuilt from token ids [L] or [B, L]: 1
+  (non-recurrent) up to and including the first separator (the dictionary), 2 after it
+  (the actions); rows without a separator (word problems) are all 2; pad_id positions
+  are 0. What `forward(..., mode="exact", control_flow=...)` needs to score S5 inputs as
+  the model was trained."""
+  ids = np.asarray(input_ids)
+  if ids.ndim not in (1, 2) or not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f"input_ids must be integer token ids of shape [L] or [B, L], got "
+                     f"{ids.dtype} of shape {ids.shape}")
+  rows = ids.reshape(-1, ids.shape[-1])
+  is_sep = rows == SEP_ID
+  has_sep = is_sep.any(axis=1, keepdims=True)
+  after_sep = np.cumsum(is_sep, axis=1) - is_sep > 0        # strictly after the first SEP
+  cf = np.where(has_sep & ~after_sep, 1, 2).astype(np.int32)
+  cf[rows == pad_id] = 0
+  return cf.reshape(ids.shape)
+
+
 def sequence_length(num_actions: int, *, value_len: int = 4, dict_size: Optional[int] = None,
                     group: str = "S5", full_dictionary: bool = False) -> int:
   """Length of `generate_example(...)` for these arguments (for choosing seq_len)."""

@@ -144,6 +144,33 @@ def tokenize_example(example: dict, tokenizer=None) -> dict[str, np.ndarray]:
   return dict(input_ids=ids, target_ids=targets, control_flow=cf)
 
 
+def control_flow(input_ids, tokenizer=None) -> np.ndarray:
+  """The control flow `tokenize_example` gives, rebuilt from token ids [L] or [B, L]: 1
+  through the prompt (up to and including the answer prefix ANSWER_PREFIX's tokens, its last
+  occurrence in the row), 2 after it; the tokenizer's pad id is 0. Rows without the
+  prefix are refused (not a variable-assignment prompt)."""
+  from t2mlr_jax.data import byte_tokenizer
+  tok = tokenizer or byte_tokenizer.TOKENIZER
+  marker = np.asarray(tok.encode(ANSWER_PREFIX), np.int64)
+  ids = np.asarray(input_ids)
+  if ids.ndim not in (1, 2) or not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f"input_ids must be integer token ids of shape [L] or [B, L], got "
+                     f"{ids.dtype} of shape {ids.shape}")
+  rows = ids.reshape(-1, ids.shape[-1])
+  cf = np.full(rows.shape, 2, np.int32)
+  k = len(marker)
+  for b, row in enumerate(rows):
+    ends = [t + k for t in range(len(row) - k + 1) if np.array_equal(row[t:t + k], marker)]
+    if not ends:
+      raise ValueError(f"row {b} holds no answer prefix {ANSWER_PREFIX!r}: allowed token ids "
+                       "of a variable-assignment prompt (format_prompt)")
+    cf[b, :ends[-1]] = 1
+  pad = getattr(tok, "pad_id", None)
+  if pad is not None:
+    cf[rows == pad] = 0
+  return cf.reshape(ids.shape)
+
+
 class VariableAssignmentSource:
   """Random-access source of tokenized examples; example i is a pure function of (seed, i)."""
 

@@ -114,29 +114,29 @@ def sample(logits_BV, key, temperature: float, top_k: Optional[int], top_p: Opti
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
-def _prefill_left_padded(params, cfg, prompt, lengths, cache_len, prompt_control_flow,
-                         method, tol):
-  """prefill() of left-padded prompts (row b's real tokens are its last lengths[b])."""
+def _prefill_left_padded(params, cfg, prompt, lengths, cache_len, prompt_cf,
+                         recurrent_prompt, method, tol):
+  """prefill() of left-padded prompts (row b's real tokens are its last lengths[b]);
+  prompt_cf [B, P]: the real tokens' control flow (recurrent_prompt: any of it is 2)."""
   P = prompt.shape[1]
   pad = P - lengths
   t = jnp.arange(P)[None, :]
   valid = t >= pad[:, None]
-  inp = SeqInputs(jnp.where(valid, prompt_control_flow, recurrence.CF_PAD).astype(jnp.int32),
+  inp = SeqInputs(jnp.where(valid, prompt_cf, recurrence.CF_PAD).astype(jnp.int32),
                   jnp.maximum(t - pad[:, None], 0).astype(jnp.int32), None)
-  return prefill(params, cfg, prompt, inp, cache_len,
-                 recurrent_prompt=prompt_control_flow == recurrence.CF_RECURRENT,
+  return prefill(params, cfg, prompt, inp, cache_len, recurrent_prompt=recurrent_prompt,
                  method=method, tol=tol)
 
 
 @functools.partial(jax.jit, static_argnames=(
     "cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id",
-    "prompt_control_flow", "return_logits", "prefill_method", "prefill_tol"))
-def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, top_k, top_p,
-              eos_id, prompt_control_flow, return_logits, prefill_method, prefill_tol):
+    "recurrent_prompt", "return_logits", "prefill_method", "prefill_tol"))
+def _generate(params, cfg, prompt, lengths, prompt_cf, rng, max_new_tokens, temperature, top_k,
+              top_p, eos_id, recurrent_prompt, return_logits, prefill_method, prefill_tol):
   B, P = prompt.shape
   N = max_new_tokens
-  logits, state = _prefill_left_padded(params, cfg, prompt, lengths, P + N,
-                                       prompt_control_flow, prefill_method, prefill_tol)
+  logits, state = _prefill_left_padded(params, cfg, prompt, lengths, P + N, prompt_cf,
+                                       recurrent_prompt, prefill_method, prefill_tol)
   keys = jax.random.split(rng, N)
   fill = 0 if eos_id is None else eos_id
   tokens = jnp.full((B, N), fill, jnp.int32)
@@ -171,9 +171,56 @@ def _generate(params, cfg, prompt, lengths, rng, max_new_tokens, temperature, to
   return (carry[3], carry[4]) if return_logits else carry[3]
 
 
+def _prompt_control_flow(value, B: int, P: int):
+  """(cf [B, P] int32, recurrent_prompt: static bool) of `prompt_control_flow`: 1 or 2 for
+  every prompt token, or a per-token [B, P] array of 1s and 2s (padding entries ignored)."""
+  if np.ndim(value) == 0:
+    if value not in (1, 2):
+      raise ValueError(f"prompt_control_flow={value!r} is invalid: allowed 1, 2 or a [B, P] "
+                       "array of them (1 non-recurrent, 2 recurrent)")
+    return jnp.full((B, P), int(value), jnp.int32), int(value) == recurrence.CF_RECURRENT
+  if isinstance(value, jax.core.Tracer):
+    raise ValueError("prompt_control_flow must be concrete (an int or a numpy array): "
+                     "whether the prompt is recurrent decides how it is prefilled")
+  cf = np.asarray(value)
+  if cf.shape != (B, P):
+    raise ValueError(f"prompt_control_flow must be 1, 2 or an array of the prompt's shape "
+                     f"({B}, {P}), got shape {cf.shape}")
+  bad = sorted(set(np.unique(cf).tolist()) - {0, 1, 2})
+  if bad:
+    raise ValueError(f"prompt_control_flow holds {bad}: allowed 1 (non-recurrent) and 2 "
+                     "(recurrent); entries at left padding are ignored")
+  return jnp.asarray(cf, jnp.int32), bool((cf == recurrence.CF_RECURRENT).any())
+
+
+def _lengths_from_pad(prompt_tokens, pad_id: int, prompt_lengths):
+  """Each row's real length from its leading pad_id tokens; right-padded rows refused."""
+  if isinstance(prompt_tokens, jax.core.Tracer):
+    raise ValueError("pad_id needs concrete prompt_tokens; pass prompt_lengths under jit")
+  toks = np.asarray(prompt_tokens)
+  is_pad = toks == pad_id
+  right = np.nonzero(is_pad[:, -1])[0]
+  if right.size:
+    raise ValueError(f"row(s) {right.tolist()} end with pad_id={pad_id}: prompts must be "
+                     "left-padded (real tokens right-aligned, as a tokenizer's "
+                     "padding_side='left' gives); left-pad them")
+  lengths = toks.shape[1] - np.argmin(is_pad, axis=1)
+  inner = [b for b in range(toks.shape[0]) if is_pad[b, toks.shape[1] - lengths[b]:].any()]
+  if inner:
+    raise ValueError(f"row(s) {inner} hold pad_id={pad_id} after their first real token: "
+                     "prompts must be left-padded (padding first, then the real tokens)")
+  if prompt_lengths is not None and not isinstance(prompt_lengths, jax.core.Tracer) and \
+      not np.array_equal(np.asarray(prompt_lengths), lengths):
+    raise ValueError(f"prompt_lengths={np.asarray(prompt_lengths).tolist()} disagree with the "
+                     f"left padding by pad_id={pad_id} (lengths {lengths.tolist()}): give one")
+  return lengths
+
+
 def _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top_p, eos_id,
-                     rng, prompt_lengths, prompt_control_flow, prefill, prefill_tol):
-  """Validate generate()/stream() arguments; returns the prompt lengths [B]."""
+                     rng, prompt_lengths, prompt_control_flow, prefill, prefill_tol,
+                     pad_id=None):
+  """Validate generate()/stream() arguments; returns (lengths [B], prompt cf [B, P],
+  recurrent_prompt)."""
   if prefill not in PREFILLS:
     raise ValueError(f"prefill={prefill!r} is invalid: allowed one of {PREFILLS}")
   if prefill == "jacobi" and cfg.recurrence is not None and not isinstance(
@@ -190,8 +237,11 @@ def _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top
     raise ValueError(f"prompt length {P} + max_new_tokens {max_new_tokens} exceeds "
                      f"max_seq_len={cfg.max_seq_len}: allowed P + max_new_tokens <= "
                      f"{cfg.max_seq_len}")
-  if prompt_control_flow not in (1, 2):
-    raise ValueError(f"prompt_control_flow={prompt_control_flow!r} is invalid: allowed 1 or 2")
+  prompt_cf, recurrent_prompt = _prompt_control_flow(prompt_control_flow, B, P)
+  if pad_id is not None:
+    if not 0 <= pad_id < cfg.vocab_size:
+      raise ValueError(f"pad_id={pad_id!r} is invalid: allowed None or 0..{cfg.vocab_size - 1}")
+    prompt_lengths = _lengths_from_pad(prompt_tokens, pad_id, prompt_lengths)
   if temperature < 0:
     raise ValueError(f"temperature={temperature!r} is invalid: allowed >= 0 (0 = greedy)")
   if top_k is not None and not 1 <= top_k <= cfg.vocab_size:
@@ -212,39 +262,41 @@ def _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top
       lo, hi = int(lengths.min()), int(lengths.max())
       if lo < 1 or hi > P:
         raise ValueError(f"prompt_lengths hold values in [{lo}, {hi}]: allowed 1..{P}")
-  return lengths
+  return lengths, prompt_cf, recurrent_prompt
 
 
 def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
              temperature: float = 0.0, top_k: Optional[int] = None,
              top_p: Optional[float] = None, eos_id: Optional[int] = None, rng=None,
-             prompt_lengths=None, prompt_control_flow: int = 2,
+             prompt_lengths=None, prompt_control_flow=2, pad_id: Optional[int] = None,
              return_logits: bool = False, prefill: str = "exact",
              prefill_tol: Optional[float] = None):
   """New tokens [B, max_new_tokens] after `prompt_tokens` [B, P] (exact recurrence).
 
   Prompts are left-padded: row b's real tokens are its last prompt_lengths[b]
-  entries (None: all P). Generated tokens are recurrent (cf 2); the prompt is
-  cf `prompt_control_flow` (2 for models trained with every token recurrent,
-  1 for SFT models trained with non-recurrent prompts, as the official
-  generate()). After a row emits `eos_id`, it repeats eos_id. With
+  entries (None: all P). With pad_id, the lengths come from each row's leading pad_id
+  tokens, and a right-padded row is refused ("left-pad"). Generated tokens are
+  recurrent (cf 2); the prompt is cf `prompt_control_flow`: 2 (models trained with every
+  token recurrent), 1 (SFT models trained with non-recurrent prompts, as the official
+  generate()), or a [B, P] array of 1s and 2s per prompt token (e.g. a task's control
+  flow; entries at left padding are ignored). After a row emits `eos_id`, it repeats eos_id. With
   return_logits, also the logits each token was chosen from [B, N, V].
   prefill="jacobi" prefills the prompt with parallel Jacobi sweeps until
   max|ΔR| < prefill_tol (at most P sweeps: exact when prefill_tol is None) instead
   of token by token.
   """
-  lengths = _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top_p,
-                             eos_id, rng, prompt_lengths, prompt_control_flow, prefill,
-                             prefill_tol)
+  lengths, prompt_cf, recurrent = _check_arguments(
+      cfg, prompt_tokens, max_new_tokens, temperature, top_k, top_p, eos_id, rng,
+      prompt_lengths, prompt_control_flow, prefill, prefill_tol, pad_id)
   rng = jax.random.PRNGKey(0) if rng is None else rng
-  return _generate(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths, rng,
+  return _generate(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths, prompt_cf, rng,
                    int(max_new_tokens), float(temperature), top_k,
-                   None if top_p is None else float(top_p), eos_id, int(prompt_control_flow),
+                   None if top_p is None else float(top_p), eos_id, recurrent,
                    return_logits, prefill, None if prefill_tol is None else float(prefill_tol))
 
 
 _stream_prefill = jax.jit(_prefill_left_padded, static_argnames=(
-    "cfg", "cache_len", "prompt_control_flow", "method", "tol"))
+    "cfg", "cache_len", "recurrent_prompt", "method", "tol"))
 _split_layers = jax.jit(split_layers)
 
 
@@ -259,17 +311,18 @@ _sample = jax.jit(sample, static_argnames=("temperature", "top_k", "top_p"))
 def stream(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
            temperature: float = 0.0, top_k: Optional[int] = None,
            top_p: Optional[float] = None, eos_id: Optional[int] = None, rng=None,
-           prompt_lengths=None, prompt_control_flow: int = 2, prefill: str = "exact",
-           prefill_tol: Optional[float] = None, cache_len: Optional[int] = None):
+           prompt_lengths=None, prompt_control_flow=2, pad_id: Optional[int] = None,
+           prefill: str = "exact", prefill_tol: Optional[float] = None,
+           cache_len: Optional[int] = None):
   """Yield each new token [B] (numpy) as soon as it is chosen: `generate`'s tokens, one
   compiled step at a time (for chat and streaming). Stops after max_new_tokens or once
   every row has emitted eos_id (later tokens of a finished row are eos_id). The same
   arguments as `generate`; with the same rng the same tokens. cache_len (default
   P + max_new_tokens) sizes the KV cache: a fixed value lets prompts of different
   lengths reuse one compiled step."""
-  lengths = _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top_p,
-                             eos_id, rng, prompt_lengths, prompt_control_flow, prefill,
-                             prefill_tol)
+  lengths, prompt_cf, recurrent = _check_arguments(
+      cfg, prompt_tokens, max_new_tokens, temperature, top_k, top_p, eos_id, rng,
+      prompt_lengths, prompt_control_flow, prefill, prefill_tol, pad_id)
   P = prompt_tokens.shape[1]
   cache_len = P + max_new_tokens if cache_len is None else int(cache_len)
   if not P + max_new_tokens <= cache_len <= cfg.max_seq_len:
@@ -279,7 +332,7 @@ def stream(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
   rng = jax.random.PRNGKey(0) if rng is None else rng
   keys = jax.random.split(rng, max_new_tokens)
   logits, state = _stream_prefill(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths,
-                                  cache_len, int(prompt_control_flow), prefill,
+                                  cache_len, prompt_cf, recurrent, prefill,
                                   None if prefill_tol is None else float(prefill_tol))
   layers = None               # split after the first token is out
   done = np.zeros(prompt_tokens.shape[0], bool)

@@ -413,6 +413,24 @@ def seq_inputs(tokens, control_flow=None, positions=None, segment_ids=None) -> S
                    None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32))
 
 
+def _check_segment_starts(positions, segment_ids):
+  """Explicit positions with segment ids must restart at 0 where a segment starts (the
+  memory resets where a position id is 0, so otherwise it would cross documents)."""
+  if positions is None or segment_ids is None or not (
+      _is_concrete(positions) and _is_concrete(segment_ids)):
+    return
+  pos, seg = np.asarray(positions), np.asarray(segment_ids)
+  starts = np.ones(seg.shape, bool)
+  starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+  starts &= seg >= 0                       # padding (negative ids) starts nothing
+  bad = np.argwhere(starts & (pos != 0))
+  if bad.size:
+    b, t = bad[0]
+    raise ValueError(f"positions[{b}, {t}]={int(pos[b, t])} where segment_ids starts a new "
+                     "segment: allowed 0 (positions must restart at every segment start; "
+                     "or pass positions=None to derive them from segment_ids)")
+
+
 HIDDEN_MODES = ("parallel", "exact", "jacobi")     # modes that can return hidden states
 
 
@@ -470,6 +488,14 @@ def mode_options(cfg: ModelConfig, mode: str, T: int, **given) -> dict:
   other = sorted(set(given) - set(names))
   if other:
     raise ValueError(f"{other[0]} is not an option of mode={mode!r}: allowed {names}")
+  if mode == "jacobi" and ("d_forward" in given or "d_backward" in given):
+    # each depth is checked on its own; D_b is clamped to D_f (whichever side gave it)
+    d_f = given.get("d_forward", rcfg.d_forward)
+    d_b = given.get("d_backward", rcfg.d_backward)
+    for name, v in (("d_forward", d_f), ("d_backward", d_b)):
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"{name}={v!r} is invalid: allowed an integer >= 1")
+    given = {**given, "d_forward": int(d_f), "d_backward": int(min(d_b, d_f))}
   r = rcfg.replace(**given)
   opts = {k: getattr(r, k) for k in names}
   if "passes" in opts and opts["passes"] > T:
@@ -486,11 +512,16 @@ def forward(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=None,
 
   mode: "parallel" (no memory), "exact" (token-by-token recurrence), or the recurrence
   type's training modes: "jacobi" (T2MLR; options d_forward, d_backward, jacobi_tol
-  override the config); LRT: "interleaved" or "chunked" (options passes, kv_refresh),
+  override the config per call; either depth may be given alone, and D_b > D_f is
+  clamped to D_f: all D_f sweeps then carry gradient); LRT: "interleaved" or "chunked" (options passes, kv_refresh),
   "multi_refine" (refine_passes, refine_detach; refine_weights is the loss's).
   control_flow [B,T]: 0 padding, 1 non-recurrent, 2 recurrent (None: all 2).
-  positions [B,T]: RoPE position ids (None: restart at each segment, else arange).
-  segment_ids [B,T]: packed documents; attention and the memory do not cross them.
+  positions [B,T]: RoPE position ids (None: restart at 0 at each segment, else arange).
+  The recurrent memory (T2MLR's cache, LRT's fed-back state) resets wherever a position
+  id is 0: that is how it knows a sequence or a packed segment starts.
+  segment_ids [B,T]: packed documents: attention does not cross them, and the memory
+  resets at each segment's first token because its position id restarts at 0 (explicit
+  positions given with segment_ids must restart at 0 at every segment start; checked).
   With return_aux, also a dict: jacobi: jacobi_residual (last sweep's max|R_k - R_{k-1}|),
   jacobi_sweeps and the mean gates gate_rec/gate_cur; interleaved / chunked:
   pass_logits (pass 0 [B,T,V], then pass p's positions), h_final [B,T,D] and
@@ -522,6 +553,7 @@ def _checked_forward(params, cfg, tokens, mode, control_flow, positions, segment
   _check_side("control_flow", control_flow, tokens.shape, (0, 1, 2))
   _check_side("positions", positions, tokens.shape)
   _check_side("segment_ids", segment_ids, tokens.shape)
+  _check_segment_starts(positions, segment_ids)
   options = mode_options(cfg, mode, tokens.shape[1], **mode_opts)
   options.pop("refine_weights", None)          # the loss's, not the forward's
   inp = seq_inputs(tokens, control_flow, positions, segment_ids)

@@ -222,6 +222,8 @@ def validate(config):
   if t.seq_len > cfg.max_seq_len:
     _fail("train.seq_len", t.seq_len, f"<= model.max_seq_len={cfg.max_seq_len}")
   rec = getattr(cfg, "recurrence", None)
+  if mode == "exact" and rec is not None:
+    _warn_exact_memory(cfg, t.batch_size, t.seq_len)
   if mode in ("interleaved", "chunked") and not rec.passes <= t.seq_len:
     _fail("model.recurrence.passes", rec.passes, f"1 <= passes <= train.seq_len={t.seq_len}")
   chunk = t.get("loss_chunk")
@@ -233,6 +235,23 @@ def validate(config):
       _fail("train.loss_chunk", chunk, f"None for train.mode={mode!r} (a chunked loss "
             f"needs a transformer trained in one of {HIDDEN_MODES})")
   return cfg
+
+
+EXACT_BPTT_WARN_BYTES = 4 * 2**30
+
+
+def _warn_exact_memory(cfg, batch_size: int, seq_len: int) -> None:
+  """train.mode="exact" backpropagates through T token steps, each keeping the recurrent
+  block's whole KV cache: memory quadratic in T. Warn with the estimate when it is large."""
+  from absl import logging
+  from t2mlr_jax.flops import exact_bptt_bytes
+  need = exact_bptt_bytes(cfg, batch_size, seq_len)
+  if need > EXACT_BPTT_WARN_BYTES:
+    logging.warning(
+        "train.mode='exact' (BPTT) at train.seq_len=%d, train.batch_size=%d keeps ~%.1f GiB "
+        "of per-step KV caches for the backward pass (quadratic in seq_len), split over "
+        "the data-parallel devices; train.mode='jacobi' needs none of it", seq_len,
+        batch_size, need / 2**30)
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
