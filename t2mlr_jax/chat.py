@@ -72,6 +72,7 @@ class ChatSession:
       raise ValueError("the tokenizer has no eos_token: answers would never end")
 
   def reset(self) -> None:
+    """Forget the conversation (the system prompt stays)."""
     self.messages = []
 
   def _prompt_ids(self, messages) -> list[int]:
@@ -125,6 +126,7 @@ class ChatSession:
 
 
 def main(argv=None):
+  """`python -m t2mlr_jax.chat --model=PATH`: an interactive chat in the terminal."""
   from absl import app, flags
   model = flags.DEFINE_string("model", None, "GGUF file, HF directory, export or workdir",
                               required=True)

@@ -51,9 +51,11 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
   def latest_step(self) -> Optional[int]:
+    """The newest saved step (None when there is none)."""
     return self.manager.latest_step()
 
   def all_steps(self):
+    """Every saved step, as a list."""
     return list(self.manager.all_steps())
 
   def save(self, step: int, state, data_iterator, config: dict, model_cfg,
@@ -78,11 +80,13 @@ class Checkpointer:
     self.manager.save(int(step), args=args, force=True)
 
   def read_json(self, step: int, item: str) -> dict:
+    """A JSON item saved with `step` ("config", "meta" or "run_info")."""
     restored = self.manager.restore(step, args=ocp.args.Composite(
         **{item: ocp.args.JsonRestore()}))
     return dict(restored[item])
 
   def check_format(self, step: int) -> dict:
+    """The step's meta dict; refuses a format_version this library does not read."""
     meta = self.read_json(step, "meta")
     if meta.get("format_version") != FORMAT_VERSION:
       raise ValueError(f"checkpoint {self.directory}/{step} has format_version="
@@ -107,9 +111,11 @@ class Checkpointer:
                                   nonfinite_step=train["nonfinite_step"])
 
   def wait(self) -> None:
+    """Block until asynchronous saves have finished."""
     self.manager.wait_until_finished()
 
   def close(self) -> None:
+    """Finish pending saves and release the manager."""
     self.manager.wait_until_finished()
     self.manager.close()
 
@@ -121,6 +127,7 @@ def with_shardings(abstract_tree, shardings):
 
 
 def model_config_from_meta(meta: dict):
+  """The typed model config (ModelConfig or LSTMConfig) a checkpoint's meta records."""
   from t2mlr_jax.config import ModelConfig
   from t2mlr_jax.model.lstm import LSTMConfig
   families = {"ModelConfig": ModelConfig, "LSTMConfig": LSTMConfig}
@@ -135,6 +142,7 @@ EXPORT_PARAMS = "params"
 
 
 def is_export(path: str) -> bool:
+  """True when `path` is a parameter export (holds model.json), not a training workdir."""
   return (epath.Path(path) / EXPORT_CONFIG).is_file()
 
 

@@ -37,6 +37,7 @@ class _Replaceable:
   """Mixin giving frozen dataclasses a validated `.replace(**kw)`."""
 
   def replace(self, **kw):
+    """A copy with the given fields changed, validated again (unknown names refused)."""
     names = {f.name for f in dataclasses.fields(self)}
     unknown = sorted(set(kw) - names)
     if unknown:
@@ -45,6 +46,7 @@ class _Replaceable:
     return dataclasses.replace(self, **kw)
 
   def to_dict(self) -> dict:
+    """The fields as a plain dict (JSON-ready; what checkpoints record)."""
     return dataclasses.asdict(self)
 
 
@@ -112,9 +114,11 @@ class T2MLRConfig(_Replaceable):
 
   @property
   def gate_bias(self) -> float:
+    """The gates' initial bias: logit(gate_init), so sigmoid(bias) = gate_init."""
     return math.log(self.gate_init / (1.0 - self.gate_init))
 
   def to_dict(self) -> dict:
+    """The fields and the type name, as `recurrence_from_dict` reads them back."""
     return {"type": self.type, **dataclasses.asdict(self)}
 
 
@@ -178,6 +182,7 @@ class LRTConfig(_Replaceable):
               "at least one feedback path on")
 
   def to_dict(self) -> dict:
+    """The fields and the type name, as `recurrence_from_dict` reads them back."""
     return {"type": self.type, **dataclasses.asdict(self)}
 
 
@@ -407,6 +412,7 @@ class ModelConfig(_Replaceable):
     return rec.source_layer % L
 
   def to_dict(self) -> dict:
+    """The fields as a plain dict, the recurrence with its type (JSON-ready)."""
     d = dataclasses.asdict(self)
     if self.recurrence is not None:
       d["recurrence"] = self.recurrence.to_dict()

@@ -41,7 +41,7 @@ _SPLIT = flags.DEFINE_string("split", "validation", "--task=bpb: the dataset spl
 _BLOCKS = flags.DEFINE_integer("blocks", None, "--task=bpb: blocks spread over the split "
                                "(default: all)")
 _LABELS = flags.DEFINE_string("labels", None, "PIQA labels file (*-labels.lst), if separate")
-_MODEL = flags.DEFINE_string("model", None, "Hugging Face directory or training workdir")
+_MODEL = flags.DEFINE_string("model", None, "Hugging Face directory, parameter export or training workdir")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "directory with tokenizer.json "
                                  "(default: --model)")
 _OUTPUT = flags.DEFINE_string("output", None, "output file (--workdir) or directory (--task)")
@@ -59,6 +59,8 @@ _BOS = flags.DEFINE_bool("add_bos", False, "prepend the tokenizer's BOS token")
 
 
 def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
+  """The training task's own evaluation of a workdir's checkpoint (latest step by default)
+  in `mode`: {step, task, mode, **metrics}, the numbers the trainer logs."""
   from t2mlr_jax import checkpoint
   from t2mlr_jax.train.tasks import get_task, run_eval
   ckpt = checkpoint.Checkpointer(workdir, read_only=True)
@@ -138,6 +140,9 @@ def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
 def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, chat=False,
                         max_new_tokens=512, batch_size=8, prompt_control_flow=1,
                         add_bos=False, labels=None):
+  """Score a model (export, HF directory or workdir) on a downstream task: generation
+  tasks (GSM8K-style `###` answers) by greedy decoding, multiple-choice tasks by the
+  summed log-likelihood of each choice. Returns the task's metrics dict."""
   from t2mlr_jax.data import multiple_choice as mc
   from t2mlr_jax.data import sft
   from t2mlr_jax.data.tokenizer import load_tokenizer
@@ -159,6 +164,7 @@ def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, ch
 
 
 def main(argv):
+  """`python -m t2mlr_jax.evaluate`: the flags above, results printed and written as JSON."""
   del argv
   from t2mlr_jax.train.metrics import quiet_absl_logs
   quiet_absl_logs()

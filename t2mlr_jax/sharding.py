@@ -130,6 +130,7 @@ def constrain_batch(x):
 
 
 def batch_divisor(mesh: Mesh) -> int:
+  """Devices a batch is split over (data × fsdp): the global batch must be a multiple."""
   return mesh.shape["data"] * mesh.shape["fsdp"]
 
 

@@ -68,7 +68,7 @@ def model():
     (np.full((2, 8), -1, np.int32), dict(mode="exact"), "vocab_size"),
     (np.zeros((2, 65), np.int32), dict(mode="exact"), "max_seq_len"),
     (np.zeros((2, 8), np.int32), dict(mode="recurrent"), "mode"),
-    (np.zeros((2, 8), np.int32), dict(mode="jacobi", d_forward=2, d_backward=3), "d_backward"),
+    (np.zeros((2, 8), np.int32), dict(mode="jacobi", d_forward=2, d_backward=0), "d_backward"),
     (np.zeros((2, 8), np.int32), dict(mode="jacobi", d_forward=0), "d_forward"),
     (np.zeros((2, 8), np.int32), dict(mode="exact", control_flow=np.full((2, 8), 3)), "control_flow"),
     (np.zeros((2, 8), np.int32), dict(mode="exact", control_flow=np.full((2, 7), 2)), "control_flow"),

@@ -3,6 +3,7 @@
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -185,3 +186,21 @@ def test_bad_checkpoints(tmp_path):
     hf.config_from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
   with pytest.raises(ValueError, match="hidden_act"):
     hf.config_from_hf({**base, "hidden_act": "gelu"})
+
+
+def test_models_a_llama_config_cannot_hold_are_refused(tmp_path):
+  """to_hf writes nothing for backbone options or recurrence types the HF Llama format
+  cannot express; the loaders refuse LRT before reading any weights."""
+  from t2mlr_jax import LRTConfig, ModelConfig, init_params
+  from t2mlr_jax.convert import gguf, hf
+  for cfg, field in ((ModelConfig(qk_norm=True), "qk_norm"),
+                     (ModelConfig(logit_softcap=15.0), "logit_softcap"),
+                     (ModelConfig(recurrence=LRTConfig()), "LRTConfig")):
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match=field):
+      hf.to_hf(cfg, params, str(tmp_path / field))
+    assert not (tmp_path / field).exists()
+  for load in (lambda: hf.from_hf(str(tmp_path), recurrence=LRTConfig()),
+               lambda: gguf.from_gguf(str(tmp_path / "none.gguf"), recurrence=LRTConfig())):
+    with pytest.raises(ValueError, match="recurrence=LRTConfig is invalid"):
+      load()

@@ -191,14 +191,15 @@ def tokenizer_from_gguf(meta: dict, path: str = ""):
 def from_gguf(path: str, *, recurrence=None, dtype: str = "float32", seed: int = 0):
   """(ModelConfig, params, tokenizer) of a Llama-architecture GGUF file.
 
-  recurrence: a T2MLRConfig / LRTConfig to retrofit (fresh parameters; T2MLR starts with
-  γ = 0, so the model computes the GGUF model's function exactly). dtype: the
+  recurrence: a T2MLRConfig to retrofit (fresh parameters starting with γ = 0, so the
+  model computes the GGUF model's function exactly); LRT is refused. dtype: the
   parameters' dtype ("float32" or "bfloat16"; they are dequantized in fp32 first).
   """
   import jax
   import jax.numpy as jnp
   if dtype not in ("float32", "bfloat16"):
     raise ValueError(f"dtype={dtype!r} is invalid: allowed 'float32' or 'bfloat16'")
+  hf.check_recurrence_type(recurrence, "from_gguf")
   reader = _open(path)
   meta = read_metadata(reader)
   names = {t.name for t in reader.tensors}
@@ -209,12 +210,7 @@ def from_gguf(path: str, *, recurrence=None, dtype: str = "float32", seed: int =
   params = hf.base_params_from_state_dict(sd, cfg)
   if cfg.recurrence is not None:
     from t2mlr_jax.model import recurrence as rec
-    extra = rec.init_params(cfg, jax.random.PRNGKey(seed))
-    if extra is not None:
-      params["recurrence"] = jax.device_get(extra)
-    if rec.layer_module(cfg) is not None:
-      raise ValueError("recurrence types with per-layer parameters (LRT) cannot be "
-                       "retrofitted by from_gguf yet: allowed a T2MLRConfig")
+    params["recurrence"] = jax.device_get(rec.init_params(cfg, jax.random.PRNGKey(seed)))
   if dtype == "bfloat16":
     params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16)), params)
   return cfg, params, tokenizer

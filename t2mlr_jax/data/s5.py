@@ -105,6 +105,7 @@ class S5Tokenizer:
     self.vocab_size = len(self.id_to_token)
 
   def encode(self, text: str) -> list[int]:
+    """Token ids of `text` (characters, `<special>` tokens and action tokens)."""
     ids: list[int] = []
     i = 0
     while i < len(text):
@@ -124,6 +125,7 @@ class S5Tokenizer:
     return ids
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    """The text of token ids (the inverse of `encode`)."""
     out = []
     for t in np.asarray(ids).reshape(-1).tolist():
       if not 0 <= t < self.vocab_size:

@@ -25,6 +25,7 @@ FORMATS = ("auto", "gsm8k_aug", "prompt_response")
 
 
 def read_jsonl(path: str) -> list[dict]:
+  """The records (one JSON object per line) of a local JSONL file."""
   if not os.path.isfile(path):
     raise ValueError(f"data file {path!r} does not exist")
   records = []
@@ -94,6 +95,7 @@ def read_records(path: str, tfds_data_dir: Optional[str] = None) -> list[dict]:
 
 
 def detect_format(record: dict) -> str:
+  """"gsm8k_aug" ({question, answer[, steps]}) or "prompt_response" ({prompt, response})."""
   if {"question", "answer"} <= set(record):
     return "gsm8k_aug"
   if {"prompt", "response"} <= set(record):
@@ -103,6 +105,7 @@ def detect_format(record: dict) -> str:
 
 
 def gsm8k_aug_response(record: dict) -> str:
+  """The training response of a GSM8K-Aug record: its steps, one per line, then `### answer`."""
   steps = record.get("steps") or []
   if isinstance(steps, str):
     steps = [steps]

@@ -32,53 +32,134 @@ RESUME_MUTABLE = ("model.attention", "train.stop_after_steps", "train.eval_every
 
 
 def base_config() -> config_dict.ConfigDict:
+  """Every field of an experiment config at its default (the configs/ files start here)."""
   c = config_dict.ConfigDict()
   c.model = dict(
-      arch="transformer", init_from=config_dict.placeholder(str), vocab_size=256, d_model=64, n_layers=4, n_heads=4,
-      n_kv_heads=config_dict.placeholder(int), d_ff=128,
-      head_dim=config_dict.placeholder(int), max_seq_len=2048,
-      rope_theta=config_dict.placeholder(float), rms_norm_eps=1e-5, tie_embeddings=False,
-      qkv_bias=False, init_std=0.02, dtype="float32", remat="none", scan_layers=True,
-      norm_scale=True, embed_norm=False, qk_norm=False, mlp_type="swiglu",
-      logit_softcap=config_dict.placeholder(float), resid_lambdas=False, x0_lambdas=False,
-      window_pattern=config_dict.placeholder(str), window_short=config_dict.placeholder(int),
-      window_long=config_dict.placeholder(int), pad_vocab_to=1,
-      value_embeds=config_dict.placeholder(str), ve_gate_channels=32,
-      rope_table_dtype="float32", attention="xla",
-      recurrence=dict(type="t2mlr", l_start=1, l_end=-2, d_forward=16, d_backward=4,
-                      jacobi_tol=config_dict.placeholder(float), residual=True,
-                      residual_detach=True, cache_norm="clipped_rms", gate_init=0.5,
-                      gate_gain=1.0))
+      arch="transformer",         # "transformer" (with optional recurrence) or "lstm"
+      init_from=config_dict.placeholder(str),   # HF directory or export to start from
+      vocab_size=256,
+      d_model=64,
+      n_layers=4,
+      n_heads=4,
+      n_kv_heads=config_dict.placeholder(int),  # None: n_heads (no grouped queries)
+      d_ff=128,                   # MLP hidden width
+      head_dim=config_dict.placeholder(int),    # None: d_model // n_heads
+      max_seq_len=2048,           # longest sequence (RoPE tables, decode caches)
+      rope_theta=config_dict.placeholder(float),
+      rms_norm_eps=1e-5,
+      tie_embeddings=False,       # LM head shares the embedding matrix
+      qkv_bias=False,             # biases on q/k/v projections (Qwen-style)
+      init_std=0.02,              # normal init std of the backbone's matrices
+      dtype="float32",            # "float32" or "bfloat16" (recurrence stays fp32)
+      remat="none",               # per-block rematerialisation: "none", "full", "dots"
+      scan_layers=True,           # layer stack as lax.scan segments (False: unrolled)
+      norm_scale=True,            # False: parameter-free RMSNorm (nanochat)
+      embed_norm=False,           # RMSNorm right after the embedding (nanochat)
+      qk_norm=False,              # RMSNorm of q and k per head after RoPE (nanochat)
+      mlp_type="swiglu",          # "swiglu" (Llama) or "relu2" (nanochat)
+      logit_softcap=config_dict.placeholder(float),  # tanh soft cap of the logits
+      resid_lambdas=False,        # learned per-layer residual scales (nanochat)
+      x0_lambdas=False,           # learned per-layer mix of the embedding (nanochat)
+      window_pattern=config_dict.placeholder(str),   # e.g. "SSSL": short/long windows
+      window_short=config_dict.placeholder(int),     # tokens an "S" layer attends to
+      window_long=config_dict.placeholder(int),      # tokens an "L" layer attends to
+      pad_vocab_to=1,             # round the vocabulary up to a multiple of this
+      value_embeds=config_dict.placeholder(str),     # layers with value embeddings
+      ve_gate_channels=32,        # channels the value-embedding gate reads
+      rope_table_dtype="float32",
+      attention="xla",            # "xla", "cudnn" (GPU), "splash" (TPU) or "auto"
+      # the recurrence group holds one type's fields: recurrence_config(type) builds it
+      recurrence=dict(
+          type="t2mlr",           # "t2mlr", "lrt" or "none"
+          l_start=1,              # first layer of the recurrent block (0-based)
+          l_end=-2,               # last layer of the block (inclusive; negative from the end)
+          d_forward=16,           # Jacobi sweeps D_f
+          d_backward=4,           # sweeps carrying gradient D_b (the last ones)
+          jacobi_tol=config_dict.placeholder(float),   # stop sweeps once max|dR| < tol
+          residual=True,          # cache z = o_t + R_t at recurrent positions
+          residual_detach=True,   # R_t under stop_gradient in that residual
+          cache_norm="clipped_rms",   # "clipped_rms", "rmsnorm" or "none"
+          cache_norm_eps=1e-6,
+          cache_norm_clip=5.0,    # clipped_rms: clip of the normalised cache
+          gate_init=0.5,          # sigmoid gates start at this value
+          gate_gain=1.0))         # Xavier gain of the fusion (1e-2 for retrofits)
   c.model.rope_theta = 10000.0
   c.train = dict(
-      num_steps=1000, stop_after_steps=config_dict.placeholder(int), batch_size=16,
-      seq_len=256, eval_every=500, checkpoint_every=500, log_every=50, seed=0,
-      mode="auto", max_to_keep=3, async_checkpointing=True,
-      loss_chunk=config_dict.placeholder(int))
+      num_steps=1000,
+      stop_after_steps=config_dict.placeholder(int),  # stop early (resumable) at this step
+      batch_size=16,              # global batch (all processes, all devices)
+      seq_len=256,
+      eval_every=500,
+      checkpoint_every=500,
+      log_every=50,               # steps between metric lines
+      seed=0,
+      mode="auto",                # forward mode of training (auto: the type's default)
+      max_to_keep=3,              # checkpoints kept
+      async_checkpointing=True,
+      loss_chunk=config_dict.placeholder(int))        # head + CE this many positions at a time
   # name "adamw": lr, b1, b2, eps, weight_decay; "muon" (train/optimizer.py): matrix_lr,
   # embedding_lr, unembedding_lr, scalar_lr, adam_b1/b2/eps, muon_momentum, weight_decay
   # (the matrices'), dmodel_lr_scale. Both: warmup/min_lr_frac, grad_clip, recurrence_lr_mult.
-  c.optimizer = dict(name="adamw", lr=5e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01,
-                     warmup_frac=0.05, min_lr_frac=0.01, grad_clip=1.0,
-                     recurrence_lr_mult=1.0, matrix_lr=0.02, embedding_lr=0.2,
-                     unembedding_lr=0.004, scalar_lr=0.5, adam_b1=0.8, adam_b2=0.95,
-                     adam_eps=1e-10, muon_momentum=0.95, dmodel_lr_scale=True)
-  c.data = dict(task="s5_retrieval", group="S5", min_actions=1, max_actions=32,
-                eval_min_actions=1, eval_max_actions=48, eval_lengths=config_dict.placeholder(str),
-                eval_examples_per_length=32, eval_batch_size=64, value_len=4,
-                dict_size=config_dict.placeholder(int), retrieval=True,
-                curriculum_start=config_dict.placeholder(int), curriculum_steps=0,
-                curriculum_hold_steps=0, group_curriculum="",
-                va_depth=2, path=config_dict.placeholder(str),
-                eval_path=config_dict.placeholder(str), tfds_data_dir=config_dict.placeholder(str),
-                format="auto",
-                tokenizer=config_dict.placeholder(str), chat=False, add_bos=False,
-                packed=True, too_long="error", eval_limit=256,
-                shuffle=False, num_threads=1, prefetch=4,
-                # task "lm": data.path is a prepared dataset (t2mlr_jax.data.prepare)
-                mask_documents=True, train_split="train", eval_split="validation",
-                eval_blocks=config_dict.placeholder(int))
-  c.mesh = dict(data=-1, fsdp=1, tensor=1)
+  c.optimizer = dict(
+      name="adamw",               # "adamw" or "muon"
+      lr=5e-4,                    # adamw: peak learning rate
+      b1=0.9,
+      b2=0.95,
+      eps=1e-8,
+      weight_decay=0.01,
+      warmup_frac=0.05,           # linear warmup over this fraction of num_steps
+      min_lr_frac=0.01,           # cosine decay to lr * min_lr_frac
+      grad_clip=1.0,              # global-norm clip (0: off)
+      recurrence_lr_mult=1.0,     # learning-rate multiplier of the recurrence's parameters
+      matrix_lr=0.02,             # muon: hidden matrices
+      embedding_lr=0.2,           # muon: embeddings (Adam)
+      unembedding_lr=0.004,       # muon: LM head (Adam)
+      scalar_lr=0.5,              # muon: scalars (Adam)
+      adam_b1=0.8,
+      adam_b2=0.95,
+      adam_eps=1e-10,
+      muon_momentum=0.95,
+      dmodel_lr_scale=True)       # muon: scale Adam rates by (d_model / 768)^-0.5
+  c.data = dict(
+      task="s5_retrieval",        # s5_retrieval, s5_word_problem, variable_assignment, sft, lm
+      group="S5",                 # S5 tasks: the permutation group
+      min_actions=1,              # S5: actions per training example, drawn uniformly
+      max_actions=32,
+      eval_min_actions=1,         # S5: evaluated lengths
+      eval_max_actions=48,
+      eval_lengths=config_dict.placeholder(str),      # S5: e.g. "8,16,32" instead
+      eval_examples_per_length=32,
+      eval_batch_size=64,
+      value_len=4,                # S5-Retrieval: characters per dictionary value
+      dict_size=config_dict.placeholder(int),         # S5-Retrieval: dictionary pairs
+      retrieval=True,             # S5: value slots target the retrieved value
+      curriculum_start=config_dict.placeholder(int),  # S5: max_actions at step 0
+      curriculum_steps=0,         # S5: steps to grow to max_actions
+      curriculum_hold_steps=0,
+      group_curriculum="",        # S5: e.g. "A5:2000,S5" (group schedule)
+      va_depth=2,                 # variable_assignment: chain depth
+      path=config_dict.placeholder(str),              # sft: JSONL or tfds:NAME:SPLIT; lm: dataset
+      eval_path=config_dict.placeholder(str),
+      tfds_data_dir=config_dict.placeholder(str),
+      format="auto",              # sft: "auto", "prompt_response" or "gsm8k_aug"
+      tokenizer=config_dict.placeholder(str),         # directory with tokenizer.json
+      chat=False,                 # sft: wrap in the tokenizer's chat template
+      add_bos=False,
+      packed=True,                # sft: pack examples into rows (segment ids)
+      too_long="error",           # sft: "error" or "drop" (never truncated)
+      eval_limit=256,             # sft: held-out examples scored
+      shuffle=False,
+      num_threads=1,              # Grain worker threads
+      prefetch=4,
+      # task "lm": data.path is a prepared dataset (t2mlr_jax.data.prepare)
+      mask_documents=True,        # lm: attention and memory do not cross documents
+      train_split="train",
+      eval_split="validation",
+      eval_blocks=config_dict.placeholder(int))       # lm: held-out blocks scored
+  c.mesh = dict(
+      data=-1,                    # data-parallel axis (-1: the devices left over)
+      fsdp=1,                     # parameter-sharding axis
+      tensor=1)                   # tensor-parallel axis (heads, MLP, vocab)
   return c
 
 
@@ -255,6 +336,7 @@ def _warn_exact_memory(cfg, batch_size: int, seq_len: int) -> None:
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
+  """{"a.b.c": value} of a nested dict (tuples as lists, as JSON stores them)."""
   out = {}
   for k, v in d.items():
     key = f"{prefix}{k}"

@@ -30,6 +30,7 @@ from t2mlr_jax.train.step import abstract_state, create_state, make_train_step, 
 
 
 class NonFiniteLossError(RuntimeError):
+  """Training stopped: the loss or the parameters became NaN/inf (nothing is saved)."""
   pass
 
 
