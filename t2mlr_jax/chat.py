@@ -127,7 +127,7 @@ class ChatSession:
 
 def main(argv=None):
   """`python -m t2mlr_jax.chat --model=PATH`: an interactive chat in the terminal."""
-  from absl import app, flags
+  from absl import flags
   model = flags.DEFINE_string("model", None, "GGUF file, HF directory, export or workdir",
                               required=True)
   tokenizer = flags.DEFINE_string("tokenizer", None, "directory with tokenizer.json "
@@ -149,15 +149,12 @@ def main(argv=None):
     del argv
     from t2mlr_jax.train.metrics import quiet_absl_logs
     quiet_absl_logs()
-    try:
-      cfg, params, tok = load_chat_model(model.value, tokenizer.value)
-      cfg = cfg.replace(max_seq_len=min(cfg.max_seq_len, max_seq_len.value))
-      session = ChatSession(cfg, params, tok, system=system.value,
-                            max_new_tokens=max_new.value, temperature=temperature.value,
-                            top_k=top_k.value, top_p=top_p.value, seed=seed.value,
-                            prompt_control_flow=cf.value)
-    except ValueError as e:
-      raise SystemExit(f"error: {e}") from None
+    cfg, params, tok = load_chat_model(model.value, tokenizer.value)
+    cfg = cfg.replace(max_seq_len=min(cfg.max_seq_len, max_seq_len.value))
+    session = ChatSession(cfg, params, tok, system=system.value,
+                          max_new_tokens=max_new.value, temperature=temperature.value,
+                          top_k=top_k.value, top_p=top_p.value, seed=seed.value,
+                          prompt_control_flow=cf.value)
 
     def say(piece):
       sys.stdout.write(piece)
@@ -193,7 +190,8 @@ def main(argv=None):
       if text.strip():
         say("model> ")
         answer(text)
-  app.run(run, argv)
+  from t2mlr_jax import cli
+  cli.run(run, argv)
 
 
 if __name__ == "__main__":

@@ -171,13 +171,10 @@ def main(argv):
   if _TASK.value == "bpb":
     if not _DATA.value or not _MODEL.value:
       raise app.UsageError("--task=bpb needs --data and --model")
-    try:
-      results = evaluate_bpb_task(_DATA.value, _MODEL.value, split=_SPLIT.value,
-                                  blocks=_BLOCKS.value,
-                                  modes=[_MODE.value] if _MODE.value else None,
-                                  batch_size=_BATCH.value)
-    except ValueError as e:
-      raise SystemExit(f"error: {e}") from None
+    results = evaluate_bpb_task(_DATA.value, _MODEL.value, split=_SPLIT.value,
+                                blocks=_BLOCKS.value,
+                                modes=[_MODE.value] if _MODE.value else None,
+                                batch_size=_BATCH.value)
     if _OUTPUT.value:
       paths.write_text(_OUTPUT.value, json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
@@ -206,4 +203,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from t2mlr_jax import cli
+  cli.run(main)

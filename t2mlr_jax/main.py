@@ -10,7 +10,7 @@ JAX_* environment variables; TPU pods and SLURM are detected): see t2mlr_jax/dis
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
@@ -29,11 +29,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
   del argv
   from t2mlr_jax import distributed
-  try:
-    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   from t2mlr_jax.train.loop import NonFiniteLossError, train
   from t2mlr_jax.train.metrics import quiet_absl_logs
   quiet_absl_logs()
@@ -50,4 +46,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from t2mlr_jax import cli
+  cli.run(main)

@@ -209,3 +209,22 @@ def test_bad_config_fails_before_any_compile(tmp_path, edit, field):
   with pytest.raises(ValueError, match=field):
     loop.train(config, wd, progress=False)
   assert not os.path.exists(wd)          # nothing created, nothing compiled
+
+
+def test_progress_without_a_terminal_writes_one_line_per_update():
+  """A log file or notebook cell cannot show the bar: each update becomes a line with the
+  step, the logged values, the rate and the ETA."""
+  import io
+  from t2mlr_jax.train.metrics import Progress
+  out = io.StringIO()                       # not a terminal
+  bar = Progress(100, 20, stream=out)
+  bar.update(10, loss=2.5, tok_s=1234)
+  bar.update(10, loss=2.25, tok_s=1300)
+  bar.close()
+  lines = out.getvalue().splitlines()
+  assert len(lines) == 2
+  assert lines[0].startswith("step 30/100 loss 2.5 tok_s 1234 (")
+  assert lines[1].startswith("step 40/100 loss 2.25 tok_s 1300 (") and "eta " in lines[1]
+  silent = io.StringIO()
+  Progress(100, 0, enabled=False, stream=silent).update(10, loss=1.0)
+  assert silent.getvalue() == ""

@@ -47,6 +47,7 @@ def main(argv=None):
   p.add_argument("--l_start", type=int, default=None, help="add T2MLR from this layer")
   p.add_argument("--l_end", type=int, default=None, help="... to this layer (inclusive)")
   p.add_argument("--gate_gain", type=float, default=1e-2, help="gate init gain (retrofit)")
+  p.add_argument("--verbose", action="store_true", help="show the full traceback of an error")
   args = p.parse_args(argv)
 
   from t2mlr_jax import checkpoint
@@ -62,11 +63,8 @@ def main(argv=None):
       recurrence = T2MLRConfig(l_start=args.l_start, l_end=args.l_end, gate_gain=args.gate_gain)
     if args.from_gguf:
       from t2mlr_jax.convert import gguf
-      try:
-        cfg, copied = gguf.export_gguf(args.from_gguf, args.to, recurrence=recurrence,
-                                       dtype=args.dtype)
-      except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+      cfg, copied = gguf.export_gguf(args.from_gguf, args.to, recurrence=recurrence,
+                                     dtype=args.dtype)
       print(f"wrote {args.to} ({cfg.num_params():,} parameters; tokenizer files: {copied})")
       return
     cfg, params = hf.from_hf(args.from_hf, recurrence=recurrence)
@@ -83,4 +81,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  from t2mlr_jax import cli
+  cli.guard(main)

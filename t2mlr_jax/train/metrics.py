@@ -103,21 +103,53 @@ def read_metrics(workdir: str, kind: Optional[str] = "train") -> list[dict]:
 
 
 class Progress:
-  """A tqdm bar over training steps showing loss, tokens/s and the ETA."""
+  """Training progress: a tqdm bar (loss, tokens/s, ETA) on a terminal; where no bar can
+  render (a log file, a notebook cell, a pipe) one line per update instead, so a run is
+  never silent between evaluations."""
 
-  def __init__(self, total: int, initial: int, enabled: bool = True):
-    self.bar = None
-    if enabled:
+  def __init__(self, total: int, initial: int, enabled: bool = True, stream=None):
+    import sys
+    import time
+    self.bar, self.lines = None, None
+    self.total, self.done, self.start, self.first = total, initial, time.perf_counter(), initial
+    if not enabled:
+      return
+    if getattr(sys.stderr if stream is None else stream, "isatty", lambda: False)():
       from tqdm import tqdm
-      self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+      self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                      file=stream)
+    else:                      # lines go to stdout unless a stream is given
+      self.lines = sys.stdout if stream is None else stream
 
   def update(self, steps: int, **postfix) -> None:
+    import time
+    self.done += steps
+    shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()}
     if self.bar is not None:
       self.bar.update(steps)
       if postfix:
-        self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v)
-                              for k, v in postfix.items()}, refresh=False)
+        self.bar.set_postfix(shown, refresh=False)
+    elif self.lines is not None:
+      elapsed = time.perf_counter() - self.start
+      rate = (self.done - self.first) / max(elapsed, 1e-9)
+      eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+      fields = " ".join(f"{k} {v}" for k, v in shown.items())
+      self.lines.write(f"step {self.done}/{self.total} {fields} "
+                       f"({rate:.3g} step/s, eta {_duration(eta)})\n")
+      self.lines.flush()
 
   def close(self) -> None:
     if self.bar is not None:
       self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+  """'1h02m', '3m20s', '12s' (or '?' when unknown)."""
+  if seconds != seconds or seconds == float("inf"):
+    return "?"
+  seconds = int(round(seconds))
+  if seconds >= 3600:
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+  if seconds >= 60:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+  return f"{seconds}s"

@@ -1,0 +1,74 @@
+"""How the command-line tools fail: one line naming what is wrong and exit status 2 for a
+bad config value, a misspelled field, a missing file or an empty workdir; the traceback
+only with --verbose. Training that diverges exits 3 (train.loop.NonFiniteLossError)."""
+
+from __future__ import annotations
+
+import errno
+import sys
+from typing import Callable, Optional, Sequence
+
+USAGE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, LookupError, OSError)
+
+
+def one_line(error: BaseException, args: Sequence[str] = ()) -> str:
+  """The error's message on one line (config_dict's and config_flags' span several); a
+  misspelled config field is named as the command line gave it."""
+  import re
+  if isinstance(error, OSError) and error.errno == errno.ENOENT and error.filename:
+    return f"no such file or directory: {error.filename}"
+  text = str(error.args[0]) if len(error.args) == 1 else str(error)
+  text = " ".join(text.replace("\\n", "\n").replace("\\'", "'").split())
+  missing = re.search(r"No such file or directory: '([^']+)'", text)
+  if missing:
+    return f"no such file or directory: {missing.group(1)}"
+  typo = re.search(r"'(\w+)'.*Did you mean \"(\w+)\"", text)
+  if typo:
+    wrong, right = typo.groups()
+    given = next((a.split("=")[0] for a in args if a.startswith("--config.")
+                  and a.split("=")[0].endswith("." + wrong)), wrong)
+    return f"unknown config field {given}: did you mean {right}?"
+  return text
+
+
+def _verbose(args: Sequence[str]) -> bool:
+  import os
+  return any(a in ("--verbose", "--verbose=true", "--verbose=True") for a in args) or \
+      os.environ.get("T2MLR_VERBOSE") == "1"
+
+
+def _report(e: BaseException, args: Sequence[str]) -> None:
+  # config_flags wraps a missing config file's error: report the innermost cause
+  cause = e
+  while cause.__cause__ is not None or cause.__context__ is not None:
+    cause = cause.__cause__ or cause.__context__
+  shown = cause if isinstance(cause, OSError) and cause.filename else e
+  print(f"error: {one_line(shown, args)} (--verbose for the traceback)", file=sys.stderr)
+  sys.exit(2)
+
+
+def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
+  """absl's app.run(main) with usage errors reported as one line (exit 2); --verbose (or
+  T2MLR_VERBOSE=1) keeps the traceback."""
+  from absl import app, flags
+  if "verbose" not in flags.FLAGS:
+    flags.DEFINE_bool("verbose", False, "show the full traceback of an error")
+  args = list(sys.argv if argv is None else argv)
+  try:
+    app.run(main, argv=args)
+  except USAGE_ERRORS as e:
+    if _verbose(args):
+      raise
+    _report(e, args)
+
+
+def guard(main: Callable[[], None], argv: Optional[Sequence[str]] = None) -> None:
+  """main() of an argparse tool, its usage errors reported as `run` does (give the parser
+  a --verbose flag)."""
+  try:
+    main()
+  except USAGE_ERRORS as e:
+    args = list(sys.argv if argv is None else argv)
+    if _verbose(args):
+      raise
+    _report(e, args)
