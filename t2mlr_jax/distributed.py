@@ -80,12 +80,17 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
   return True
 
 
-def any_process(flag: bool) -> bool:
+def any_process(flag: bool, gather=None) -> bool:
   """True on every process when `flag` is true on any (all processes must call it at the
-  same point: it is a collective)."""
-  import jax
-  if jax.process_count() == 1:
-    return bool(flag)
+  same point: it is a collective). The training loop calls it every step with "a stop
+  signal arrived here", so processes that see SIGTERM at different steps still stop, and
+  save, at the same one. gather: flag -> the flags of all processes (default JAX's
+  multihost all-gather; tests pass a fake)."""
   import numpy as np
-  from jax.experimental import multihost_utils
-  return bool(np.any(multihost_utils.process_allgather(np.int32(bool(flag)))))
+  if gather is None:
+    import jax
+    if jax.process_count() == 1:
+      return bool(flag)
+    from jax.experimental import multihost_utils
+    gather = multihost_utils.process_allgather
+  return bool(np.any(np.asarray(gather(np.int32(bool(flag))))))

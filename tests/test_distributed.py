@@ -44,3 +44,42 @@ def test_incomplete_or_bad_settings_say_what_is_missing(kwargs, env, match):
 
 def test_any_process_on_one_process_is_the_flag():
   assert any_process(True) and not any_process(False)
+
+
+def test_processes_that_see_the_signal_at_different_steps_stop_at_the_same_step():
+  """Two fake processes (threads) with a fake all-gather: process 1 is signalled at step
+  3, process 0 never (or later, at step 5); both stop after step 3, the step they save."""
+  import threading
+
+  slots, barrier = [None, None], threading.Barrier(2)
+
+  def gather_for(pid):
+    def gather(flag):
+      slots[pid] = int(flag)
+      barrier.wait()
+      both = list(slots)
+      barrier.wait()                    # nobody overwrites a slot before both have read
+      return both
+    return gather
+
+  stopped = [None, None]
+
+  def process(pid, signal_step):
+    gather = gather_for(pid)
+    for step in range(1, 20):
+      received = signal_step is not None and step >= signal_step
+      if any_process(received, gather=gather):
+        stopped[pid] = step
+        return
+
+  for signals in ((None, 3), (5, 3)):
+    threads = [threading.Thread(target=process, args=(pid, signals[pid])) for pid in (0, 1)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(timeout=10)
+    assert stopped == [3, 3], (signals, stopped)
+    stopped = [None, None]
+  # without the agreement each process would act on its own flag: 5 vs 3 (the deadlock)
+  assert any_process(False, gather=lambda f: [f, 0]) is False
+  assert any_process(False, gather=lambda f: [f, 1]) is True
