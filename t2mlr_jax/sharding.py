@@ -129,6 +129,29 @@ def constrain_batch(x):
   return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *([None] * (x.ndim - 1))))
 
 
+def shard_eval_batch(batch: dict, mesh: Optional[Mesh], pad_values: dict):
+  """(batch as global arrays split over the mesh's batch axes, real rows): evaluation's
+  layout, the training batch's. Every process holds the whole eval batch (it is
+  generated or read identically everywhere) and supplies its devices' rows; rows are
+  padded with `pad_values` (unsupervised) up to a multiple of data × fsdp. mesh=None:
+  the batch as default-device arrays, as before."""
+  import jax.numpy as jnp
+  import numpy as np
+  rows = len(next(iter(batch.values())))
+  if mesh is None:
+    return {k: jnp.asarray(v) for k, v in batch.items()}, rows
+  extra = -rows % batch_divisor(mesh)
+  out = {}
+  for k, v in batch.items():
+    v = np.asarray(v)
+    if extra:
+      fill = np.full((extra, *v.shape[1:]), pad_values.get(k, 0), v.dtype)
+      v = np.concatenate([v, fill])
+    sharding = batch_sharding(mesh, ndim=v.ndim)
+    out[k] = jax.make_array_from_callback(v.shape, sharding, lambda index, v=v: v[index])
+  return out, rows
+
+
 def batch_divisor(mesh: Mesh) -> int:
   """Devices a batch is split over (data × fsdp): the global batch must be a multiple."""
   return mesh.shape["data"] * mesh.shape["fsdp"]

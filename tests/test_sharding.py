@@ -85,3 +85,32 @@ def test_process_batch_slot_single_process_and_mesh_axis_types():
   assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
   assert sharding.process_batch_slot(mesh, 16) == (0, 1)
   assert sharding.process_batch_slot(sharding.make_mesh({"tensor": -1}), 8) == (0, 1)
+
+
+def test_evaluation_split_like_training_equals_the_unsharded_one():
+  """Eval batches placed over the 2x2x2 mesh's batch axes (6 rows: padded to 8 with
+  unsupervised rows) give the same predictions, loss and metrics as one device; the
+  compiled eval's inputs are split over ('data', 'fsdp')."""
+  from t2mlr_jax.data import s5
+  from t2mlr_jax.eval.runner import evaluate
+  from t2mlr_jax.eval.s5 import S5Metrics
+  from t2mlr_jax.train.step import create_state
+  cfg = ModelConfig(vocab_size=188, d_model=32, n_layers=3, n_heads=4, d_ff=64,
+                    max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1))
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  tx, _ = make_optimizer(base_config().optimizer, 10)
+  params = create_state(cfg, tx, jax.random.PRNGKey(0), mesh).params
+  batch = s5.pad_batch([s5.generate_example(seed=i, num_actions=3, group="S3", value_len=1)
+                        for i in range(6)], seq_len=20)
+  placed, rows = sharding.shard_eval_batch(batch, mesh, {"target_ids": -100})
+  assert rows == 6 and placed["input_ids"].shape == (8, 20)
+  assert placed["input_ids"].sharding.spec == P(("data", "fsdp"), None)
+  assert (np.asarray(placed["target_ids"])[6:] == -100).all()
+  plain = evaluate(jax.device_get(params), cfg, [batch], S5Metrics)
+  split = evaluate(params, cfg, [batch], S5Metrics, mesh=mesh)
+  assert split["num_examples"] == plain["num_examples"] == 6
+  for k, v in plain.items():
+    if isinstance(v, float):
+      assert split[k] == pytest.approx(v, abs=1e-6), k
+    else:
+      assert split[k] == v, k

@@ -29,13 +29,18 @@ def to_host(x) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def evaluate(params, cfg: AnyModelConfig, batches, metrics_factory, mode: str = "exact") -> dict:
-  """{'loss': mean NLL over supervised tokens, **task metrics} over `batches`."""
+def evaluate(params, cfg: AnyModelConfig, batches, metrics_factory, mode: str = "exact",
+             mesh=None) -> dict:
+  """{'loss': mean NLL over supervised tokens, **task metrics} over `batches`. With a
+  mesh (the trainer's), each batch is split over its batch axes like a training batch."""
+  from t2mlr_jax.data.pipeline import OPTIONAL_PAD_VALUES, PAD_VALUES
+  from t2mlr_jax.sharding import shard_eval_batch
   acc = metrics_factory()
   nll_sum, count = 0.0, 0
   for batch in batches:
-    pred, nll, n = _eval_batch(params, {k: jnp.asarray(v) for k, v in batch.items()}, cfg, mode)
-    acc.update(to_host(pred), batch)
+    arrays, rows = shard_eval_batch(batch, mesh, {**PAD_VALUES, **OPTIONAL_PAD_VALUES})
+    pred, nll, n = _eval_batch(params, arrays, cfg, mode)
+    acc.update(to_host(pred)[:rows], batch)
     nll_sum += float(to_host(nll))
     count += int(to_host(n))
   return {"loss": nll_sum / max(count, 1), **acc.result()}

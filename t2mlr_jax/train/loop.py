@@ -234,12 +234,13 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
         if step % t.eval_every == 0 or step == t.num_steps:
           if eval_batches is None:
             eval_batches = task.eval_batches(config)
-          results = tasks_lib.run_eval(task, config, state.params, cfg, eval_batches)
+          results = tasks_lib.run_eval(task, config, state.params, cfg, eval_batches,
+                                       mesh=mesh)
           # the same batches with zero memory (what the recurrence adds) and, for language
           # modelling, in the training view too
           for view in tasks_lib.eval_views(task, cfg, mode):
             results[view] = tasks_lib.run_eval(task, config, state.params, cfg, eval_batches,
-                                               mode=view)
+                                               mode=view, mesh=mesh)
           writer.write(step, results, kind="eval")
           _say(f"step {step} eval (exact): " + _summary(results) + "".join(
               f" | {view}: {_summary(v)}" for view, v in results.items()

@@ -192,10 +192,11 @@ def _lm_eval_batches(config):
                                 config.data.eval_batch_size)
 
 
-def _lm_evaluate(config, params, cfg, batches, mode):
+def _lm_evaluate(config, params, cfg, batches, mode, mesh=None):
   from t2mlr_jax.data.lm import token_bytes
   from t2mlr_jax.eval.bpb import evaluate_bpb
-  return evaluate_bpb(params, cfg, batches, token_bytes(config.data.path), mode=mode)
+  return evaluate_bpb(params, cfg, batches, token_bytes(config.data.path), mode=mode,
+                      mesh=mesh)
 
 
 def _lm_block_size(config):
@@ -230,12 +231,13 @@ def get_task(config) -> Task:
   return _REGISTRY[name]
 
 
-def run_eval(task: Task, config, params, cfg, batches, mode: str = "exact") -> dict:
-  """The task's evaluation of `params` on fixed batches under one forward mode."""
+def run_eval(task: Task, config, params, cfg, batches, mode: str = "exact", mesh=None) -> dict:
+  """The task's evaluation of `params` on fixed batches under one forward mode (with the
+  trainer's mesh: batches split over its batch axes, as training's are)."""
   if task.evaluate is not None:
-    return task.evaluate(config, params, cfg, batches, mode)
+    return task.evaluate(config, params, cfg, batches, mode, mesh)
   from t2mlr_jax.eval.runner import evaluate
-  return evaluate(params, cfg, batches, task.metrics, mode=mode)
+  return evaluate(params, cfg, batches, task.metrics, mode=mode, mesh=mesh)
 
 
 def eval_views(task: Task, cfg, train_mode: str) -> tuple[str, ...]:
