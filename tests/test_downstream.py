@@ -76,3 +76,17 @@ def test_generation_accounting(tok):
   expected = np.mean([answers.gsm8k_match(t, r["answer"])["spec"] for t, r in zip(texts, records)])
   assert summary["exact_match"] == pytest.approx(expected)
   assert {"strict_match", "flexible_match"} <= set(summary)
+
+
+def test_multiple_choice_perfect_wrong_and_half(tok):
+  """acc and acc_norm of the model that always prefers "7": 1 when every label is the
+  "7" choice, 0 when no label is, 1/2 for one of each (choices of equal length: acc_norm
+  picks as acc)."""
+  cfg, params = _hand_built(tok, "7")
+  right = [MCExample("how many ?", ["3", "7"], 1), MCExample("what is it ?", ["7", "9"], 0)]
+  wrong = [MCExample("how many ?", ["3", "7"], 0), MCExample("what is it ?", ["7", "9"], 1)]
+  for examples, want in ((right, 1.0), (wrong, 0.0), ([right[0], wrong[1]], 0.5)):
+    summary, rows = downstream.evaluate_multiple_choice("arc_easy", params, cfg, tok, examples,
+                                                        batch_size=4)
+    assert (summary["acc"], summary["acc_norm"]) == (want, want)
+    assert [r["pred"] for r in rows] == [1, 0]

@@ -25,3 +25,59 @@ def test_state_right_values_wrong_per_length():
   assert r["state_acc"] == 1.0 and r["state_acc_by_length"] == {"2": 1.0, "3": 1.0}
   assert r["value_acc"] == 2 / 5 and r["value_acc_by_length"] == {"2": 1.0, "3": 0.0}
   np.testing.assert_allclose(r["token_acc"], 1 - 3 / (batch["target_ids"][:2] >= 0).sum())
+
+
+def test_perfect_all_wrong_and_accumulated_predictions():
+  """Perfect predictions score 1 on every metric and length, predictions wrong at every
+  supervised position 0, and the two accumulated over batches exactly 1/2."""
+  batch = _batch()
+  tgt = batch["target_ids"]
+  wrong = np.where(tgt >= 0, (tgt + 1) % s5.VOCAB_SIZE, tgt)
+  keys = ("seq_acc", "token_acc", "state_acc", "value_acc")
+  for pred, want in ((tgt, 1.0), (wrong, 0.0)):
+    m = S5Metrics()
+    m.update(pred, batch)
+    r = m.result()
+    assert r["num_examples"] == 2 and [r[k] for k in keys] == [want] * 4
+    for k in ("seq_acc_by_length", "state_acc_by_length", "value_acc_by_length"):
+      assert r[k] == {"2": want, "3": want}, k
+  m = S5Metrics()
+  m.update(tgt, batch)
+  m.update(wrong, batch)
+  r = m.result()
+  assert r["num_examples"] == 4 and [r[k] for k in keys] == [0.5] * 4
+  assert r["seq_acc_by_length"] == {"2": 0.5, "3": 0.5}
+
+
+def test_runner_evaluate_known_values():
+  """eval.runner.evaluate end to end on test_eval_bpb's copy model (every position
+  predicts token + 1 with a closed-form NLL): targets it always predicts give sequence and
+  token accuracy 1 and loss NLL_right; targets it never predicts 0 and NLL_wrong; two rows
+  right and two rows with one wrong position out of four supervised give 1/2 and 14/16.
+  A row without supervised positions (batch filler) counts nowhere."""
+  import pytest
+  from t2mlr_jax.eval.runner import evaluate
+  from t2mlr_jax.eval.sequence import SequenceMetrics
+  from test_eval_bpb import copy_model, copy_model_nll
+  V = 16
+  cfg, params, a = copy_model(V)
+  inputs = (np.arange(5 * 6).reshape(5, 6) * 7 % V).astype(np.int32)
+  good = (inputs + 1) % V
+  good[:, :2] = -1                                    # an unsupervised prompt
+  good[4] = -1                                        # filler row
+  bad = np.where(good >= 0, (good + 3) % V, -1)
+  batch = lambda t: {"input_ids": inputs, "target_ids": t.astype(np.int32)}
+  r = evaluate(params, cfg, [batch(good)], SequenceMetrics)
+  assert (r["seq_acc"], r["token_acc"], r["num_examples"]) == (1.0, 1.0, 4)
+  assert r["loss"] == pytest.approx(copy_model_nll(a, V, True), rel=1e-5)
+  r = evaluate(params, cfg, [batch(bad)], SequenceMetrics)
+  assert (r["seq_acc"], r["token_acc"], r["num_examples"]) == (0.0, 0.0, 4)
+  assert r["loss"] == pytest.approx(copy_model_nll(a, V, False), rel=1e-5)
+  half = good.copy()
+  half[2:4, 3] = bad[2:4, 3]
+  r = evaluate(params, cfg, [batch(half), batch(good)], SequenceMetrics)
+  assert (r["seq_acc"], r["token_acc"], r["num_examples"]) == (6 / 8, 30 / 32, 8)
+  want = (30 * copy_model_nll(a, V, True) + 2 * copy_model_nll(a, V, False)) / 32
+  assert r["loss"] == pytest.approx(want, rel=1e-5)
+  r = evaluate(params, cfg, [batch(half)], SequenceMetrics)
+  assert (r["seq_acc"], r["token_acc"]) == (0.5, 14 / 16)

@@ -128,12 +128,19 @@ def test_exact_mode_is_differentiable_bptt():
     kw = dict(d_forward=8, d_backward=8) if mode == "jacobi" else {}
     return cross_entropy(forward(p, cfg, tokens, mode=mode, **kw), next_token_labels(tokens))[0]
 
-  g_exact = jax.grad(loss)(params, "exact")
+  grad = jax.jit(jax.grad(loss), static_argnums=1)
+  g_exact = grad(params, "exact")
   assert abs(float(g_exact["recurrence"]["gamma_rec"])) > 1e-6
-  # Jacobi with D_f = D_b = T has the exact forward but a different (truncated-residual
-  # free) gradient path; both are finite and nonzero.
-  g_jac = jax.grad(loss)(params, "jacobi")
+  # Jacobi with D_f = D_b = T has the exact forward and a different gradient path (the
+  # unrolled parallel sweeps instead of the token loop); both are finite and nonzero ...
+  g_jac = grad(params, "jacobi")
   assert np.isfinite(float(g_jac["recurrence"]["gamma_rec"]))
+  # ... and the same gradient: after T sweeps every cache on a gradient path is converged
+  # (sweep k is exact at positions <= k), so the unrolled sweeps differentiate the same
+  # function as BPTT, stop_gradients (residual_detach, the clipped norm's scale) included.
+  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(g_exact)[0],
+                          jax.tree.leaves(g_jac)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7, err_msg=jax.tree_util.keystr(path))
 
 
 def test_return_aux():
@@ -245,27 +252,19 @@ def test_exact_takes_a_non_recurrent_prefix_from_one_parallel_pass(kind):
 
 def test_jacobi_depths_override_independently_and_d_backward_is_clamped():
   """d_forward alone below the config's d_backward is allowed (D_b clamped to it), and
-  d_backward alone above the config's d_forward is clamped too: the same logits and
-  gradients as giving both explicitly."""
+  d_backward alone above the config's d_forward is clamped too; each is validated alone."""
+  from t2mlr_jax.model.modes import mode_options
   cfg = tiny_cfg(n_layers=3, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=6,
                                                     d_backward=4))
+  resolved = lambda **kw: mode_options(cfg, "jacobi", 8, **kw)
+  assert resolved() == {"d_forward": 6, "d_backward": 4, "jacobi_tol": None}
+  assert resolved(d_forward=2) == {"d_forward": 2, "d_backward": 2, "jacobi_tol": None}
+  assert resolved(d_backward=9) == {"d_forward": 6, "d_backward": 6, "jacobi_tol": None}
+  assert resolved(d_forward=3, d_backward=1, jacobi_tol=0.1)["d_backward"] == 1
   params = active_params(cfg)
   tokens = random_tokens(cfg, 2, 8)
-
-  def grad_of(**kw):
-    return jax.grad(lambda p: jnp.mean(forward(p, cfg, tokens, mode="jacobi", **kw) ** 2))(params)
-
-  pairs = [(dict(d_forward=2), dict(d_forward=2, d_backward=2)),
-           (dict(d_backward=9), dict(d_forward=6, d_backward=6))]
-  for given, explicit in pairs:
-    assert max_abs(forward(params, cfg, tokens, mode="jacobi", **given),
-                   forward(params, cfg, tokens, mode="jacobi", **explicit)) == 0.0
-    g1, g2 = grad_of(**given), grad_of(**explicit)
-    assert max(max_abs(a, b) for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2))) == 0.0
-  # D_b truly differs from the clamped value's neighbour: fewer gradient sweeps change grads
-  g_few = grad_of(d_forward=6, d_backward=1)
-  g_all = grad_of(d_backward=9)
-  assert max(max_abs(a, b) for a, b in zip(jax.tree.leaves(g_few), jax.tree.leaves(g_all))) > 0
+  _, aux = forward(params, cfg, tokens, mode="jacobi", d_forward=2, return_aux=True)
+  assert int(aux["jacobi_sweeps"]) == 2
   for bad in (dict(d_forward=0), dict(d_backward=0), dict(d_forward=2.5)):
     with pytest.raises(ValueError, match=next(iter(bad))):
       forward(params, cfg, tokens, mode="jacobi", **bad)
@@ -285,3 +284,181 @@ def test_explicit_positions_must_restart_at_segment_starts():
   with pytest.raises(ValueError, match=r"positions\[0, 3\]=3"):
     forward(params, cfg, tokens, mode="exact", segment_ids=seg,
             positions=np.arange(6, dtype=np.int32)[None])
+
+
+# ------------------------------------------------------- BPTT against finite differences
+
+
+def directional_derivative_checks(loss_fn, params, groups, eps=0.1, rtol=1e-2, atol=3e-6,
+                                  seed=0):
+  """jax.grad of `loss_fn` against central finite differences along one random unit
+  direction per group of leaves (`groups`: (name, keystr -> bool)). The differences are
+  Richardson-extrapolated, (8·[f(ε) − f(−ε)] − [f(2ε) − f(−2ε)]) / 12ε, whose error is
+  O(ε⁴), so a large ε keeps fp32 rounding of the loss (~1e-6) well below the tolerance.
+  One compiled value_and_grad serves every evaluation."""
+  value_and_grad = jax.jit(jax.value_and_grad(loss_fn))
+  _, grad = value_and_grad(params)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  names = [jax.tree_util.keystr(path) for path, _ in flat]
+  leaves = [leaf for _, leaf in flat]
+  grads = jax.tree.leaves(grad)
+  rng = np.random.RandomState(seed)
+
+  def f(v, e):
+    moved = [x + e * d for x, d in zip(leaves, v)]
+    return float(value_and_grad(jax.tree.unflatten(treedef, moved))[0])
+
+  for group, pick in groups:
+    v = [np.asarray(rng.randn(*np.shape(x)), np.float32) * bool(pick(n))
+         for n, x in zip(names, leaves)]
+    norm = np.sqrt(sum(float(np.sum(d * d)) for d in v))
+    assert norm > 0, f"group {group} selects no parameter"
+    v = [d / norm for d in v]
+    analytic = sum(float(np.vdot(np.asarray(g, np.float64), d)) for g, d in zip(grads, v))
+    numeric = (8 * (f(v, eps) - f(v, -eps)) - (f(v, 2 * eps) - f(v, -2 * eps))) / (12 * eps)
+    assert abs(analytic - numeric) <= atol + rtol * abs(analytic), (group, analytic, numeric)
+    assert abs(analytic) > 10 * atol, (group, analytic)     # the check has something to see
+
+
+def test_exact_bptt_gradient_matches_finite_differences():
+  """Exact mode's gradient (backpropagation through the token-by-token recurrence) is the
+  derivative of the loss: directional derivatives along random directions in W_rec, each
+  gate, γ_rec/γ_cur, the cache norm's gain, a backbone weight (every layer's W_v) and all
+  recurrence parameters at once agree with finite differences to 1%. The cache is fully
+  differentiable here (residual_detach=False, learned-gain RMSNorm: no stop_gradient
+  inside the recurrence) and the embeddings have std 0.5, so each direction's derivative
+  is far above fp32 noise. The check has teeth: a gradient truncated to the last two
+  steps (Jacobi with D_f = T, D_b = 1: the same forward) fails six of the seven
+  directions (off by 30% to several times the derivative, signs flipped); the fully
+  unrolled one (D_b = T) passes all."""
+  rec = T2MLRConfig(l_start=1, l_end=1, residual_detach=False, cache_norm="rmsnorm")
+  cfg = tiny_cfg(n_layers=3, recurrence=rec)
+  params = active_params(cfg)
+  params["embed"] = {"embedding": 25.0 * params["embed"]["embedding"]}
+  tokens = jnp.asarray(random_tokens(cfg, 2, 8))
+  import t2mlr_jax
+  groups = [("w_rec", lambda n: "w_rec" in n), ("f_rec", lambda n: "f_rec" in n),
+            ("f_cur", lambda n: "f_cur" in n), ("gammas", lambda n: "gamma" in n),
+            ("cache_norm", lambda n: "cache_norm" in n),
+            ("backbone W_v", lambda n: "['attn']['v']" in n),
+            ("all recurrence", lambda n: "['recurrence']" in n)]
+  directional_derivative_checks(lambda p: t2mlr_jax.loss(p, cfg, tokens, mode="exact"),
+                                params, groups)
+
+
+# ------------------------------------------------------------ aux values, recomputed by hand
+
+
+def _hand_sweep(params, cfg, tokens, cf, h_lo=None, R=None):
+  """One Jacobi step of SPEC §3 written out: with h_lo=None, the layers below the span and
+  sweep 0 (the plain middle block; its raw output, shifted, is the first cache); else one
+  middle sweep from cache R. Returns (h_lo, next cache)."""
+  from t2mlr_jax.model import modes
+  from t2mlr_jax.model.recurrence import t2mlr as rec
+  from t2mlr_jax.model.transformer import embed, run_layers, segment_params
+  inp = modes.seq_inputs(tokens, cf)
+  x0 = embed(params, cfg, tokens)
+  ctx = modes._context(params, cfg, inp, tokens, x0)
+  (_, lo, hi), = [s for s in cfg.segments if s[0] == "middle"]
+  p_mid, p_rec = segment_params(params, lo, hi), params["recurrence"]
+  if h_lo is None:
+    h_lo = run_layers(segment_params(params, 0, lo), cfg, x0, ctx, 0)[0] if lo else x0
+    o = run_layers(p_mid, cfg, h_lo, ctx, lo)[0]
+    return h_lo, rec.shift_right(jnp.where((inp.control_flow == 0)[..., None], 0.0, o),
+                                 inp.positions)
+  x, _ = rec.inject(p_rec, cfg, h_lo, R, inp.control_flow)
+  o = run_layers(p_mid, cfg, x, ctx, lo)[0]
+  return h_lo, rec.shift_right(rec.write(p_rec, cfg, o, R, inp.control_flow), inp.positions)
+
+
+_hand_sweep = jax.jit(_hand_sweep, static_argnums=1)
+
+
+def _hand_caches(params, cfg, tokens, cf, n):
+  """(h_lo, [R_0, ..., R_n], [δ_0, ..., δ_n]) with δ_k = max|R_k − R_{k−1}|, R_{−1} = 0."""
+  tokens, cf = jnp.asarray(tokens), jnp.asarray(cf)
+  h, R = _hand_sweep(params, cfg, tokens, cf)
+  Rs = [R]
+  for _ in range(n):
+    Rs.append(_hand_sweep(params, cfg, tokens, cf, h, Rs[-1])[1])
+  deltas = [max_abs(Rs[0], 0.0)] + [max_abs(Rs[k], Rs[k - 1]) for k in range(1, n + 1)]
+  return np.asarray(h, np.float64), Rs, deltas
+
+
+def _hand_gate_means(p_rec, h, R, cf):
+  """Mean σ(f_rec g), σ(f_cur g) with g = [h, W_rec R], over the cf = 2 positions, in fp64."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), p_rec)
+  sig = lambda z: 1.0 / (1.0 + np.exp(-z))
+  g = np.concatenate([h, np.asarray(R, np.float64) @ p["w_rec"]["kernel"]], axis=-1)
+  w = (np.asarray(cf) == 2)[..., None]
+  n = w.sum() * h.shape[-1]
+  return tuple(float((sig(g @ p[k]["kernel"] + p[k]["bias"]) * w).sum() / n)
+               for k in ("f_rec", "f_cur"))
+
+
+def test_return_aux_values_by_hand():
+  """Jacobi's aux (tolerance off): jacobi_sweeps = D_f; jacobi_residual = max|R_k − R_{k−1}|
+  of the last sweep; gate_rec / gate_cur = the mean gates of the final pass over the cf = 2
+  positions, all recomputed from sweeps written out by hand. Exact mode's mean gates are
+  those at the converged cache."""
+  cfg = tiny_cfg()
+  params = active_params(cfg)
+  tokens, cf = random_tokens(cfg, 2, T), CF[:2]       # row 1 has cf-1 positions: not averaged
+  h, Rs, deltas = _hand_caches(params, cfg, tokens, cf, T)
+  assert deltas[T] <= 1e-6 and min(deltas[1:T]) > 1e-2    # moving until T sweeps, then fixed
+  for d_f, d_b in ((3, 1), (5, 2), (T + 1, 2)):
+    _, aux = forward(params, cfg, tokens, mode="jacobi", d_forward=d_f, d_backward=d_b,
+                     control_flow=cf, return_aux=True)
+    assert int(aux["jacobi_sweeps"]) == d_f
+    np.testing.assert_allclose(float(aux["jacobi_residual"]), deltas[d_f - 1], rtol=1e-5,
+                               atol=1e-6, err_msg=f"D_f={d_f}")
+    want = _hand_gate_means(params["recurrence"], h, Rs[d_f - 1], cf)
+    np.testing.assert_allclose([float(aux["gate_rec"]), float(aux["gate_cur"])], want,
+                               rtol=1e-5, err_msg=f"D_f={d_f}")
+  _, aux = forward(params, cfg, tokens, mode="exact", control_flow=cf, return_aux=True)
+  np.testing.assert_allclose([float(aux["gate_rec"]), float(aux["gate_cur"])],
+                             _hand_gate_means(params["recurrence"], h, Rs[T], cf), rtol=1e-5)
+  # the gates move with the cache: the unconverged D_f = 3 means are not the exact ones
+  assert abs(_hand_gate_means(params["recurrence"], h, Rs[2], cf)[0] - float(aux["gate_rec"])) > 1e-3
+
+
+def test_jacobi_tolerance_sweep_count_by_hand():
+  """With jacobi_tol the no-gradient sweeps stop at the first k with δ_k < tol (capped at
+  D_f − 1 − D_b), then the D_b gradient sweeps run: jacobi_sweeps = 1 + k + D_b and the
+  residual is δ_{k + D_b}. Here the caches move (δ ≥ 0.6) until all T positions are
+  exact, so a tolerance below every nonzero δ stops at k = T: 15 sweeps of the 40 allowed,
+  residual 0, logits = exact."""
+  cfg = tiny_cfg()
+  params = active_params(cfg, gamma_rec=0.3)
+  tokens = random_tokens(cfg, 2, T)
+  cf = np.full((2, T), 2, np.int32)
+  _, _, deltas = _hand_caches(params, cfg, tokens, cf, T + 2)
+  tol = 0.5 * min(deltas[:T])
+  d_f, d_b = 40, 2
+  k = next(j for j in range(len(deltas)) if deltas[j] < tol)
+  assert k == T
+  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=tol))
+  logits, aux = forward(params, tol_cfg, tokens, mode="jacobi", d_forward=d_f, d_backward=d_b,
+                        return_aux=True)
+  assert int(aux["jacobi_sweeps"]) == 1 + k + d_b == T + 3
+  assert float(aux["jacobi_residual"]) <= 1e-6 and deltas[k + d_b] <= 1e-6
+  assert max_abs(logits, forward(params, cfg, tokens, mode="exact")) <= 1e-5
+
+
+def test_jacobi_tolerance_does_not_stop_on_sweep_zero():
+  """max|R_0| (sweep 0's raw middle output, 0.08 here) measures no convergence: a tolerance
+  between it and the smallest real change (δ_k ≥ 0.6 for 1 <= k < T) must still sweep
+  until the caches stop moving (k = T). Stopping on δ_0 ran no sweep and left the logits
+  0.48 off the exact ones; `generate(prefill="jacobi", prefill_tol=...)` shares the loop
+  (`modes._iterate`)."""
+  cfg = tiny_cfg()
+  params = active_params(cfg, gamma_rec=0.3)
+  tokens = random_tokens(cfg, 2, T)
+  _, _, deltas = _hand_caches(params, cfg, tokens, np.full((2, T), 2, np.int32), T)
+  tol = float(np.sqrt(deltas[0] * min(deltas[1:T])))
+  assert deltas[0] < tol < min(deltas[1:T])
+  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=tol))
+  logits, aux = forward(params, tol_cfg, tokens, mode="jacobi", d_forward=40, d_backward=2,
+                        return_aux=True)
+  assert int(aux["jacobi_sweeps"]) == T + 3
+  assert max_abs(logits, forward(params, cfg, tokens, mode="exact")) <= 1e-5

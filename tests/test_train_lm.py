@@ -75,6 +75,7 @@ def test_train_resume_and_bits_per_byte_in_three_views(data, tmp_path):
   assert result["views"]["exact"]["bpb"] == pytest.approx(final["bpb"], rel=1e-5)
   assert result["views"]["parallel"]["bpb"] == pytest.approx(final["parallel"]["bpb"],
                                                              rel=1e-5)
+  assert result["views"]["jacobi"]["bpb"] == pytest.approx(final["jacobi"]["bpb"], rel=1e-5)
 
 
 @pytest.mark.parametrize("edit,match", [

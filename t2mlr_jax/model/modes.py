@@ -263,8 +263,9 @@ def _sweep0(cfg, first, p_mid, h_lo, ctx, inp: SeqInputs):
 
 
 def _iterate(sweep, R, delta, max_sweeps, tol):
-  """Up to `max_sweeps` sweeps (a fori_loop), or fewer once max|R_k - R_{k-1}| < tol
-  (a while_loop). Returns (R, delta of the last sweep, sweeps run)."""
+  """Up to `max_sweeps` sweeps (a fori_loop), or, with tol, at least one and fewer once
+  max|R_k - R_{k-1}| < tol (a while_loop). Returns (R, delta of the last sweep, sweeps
+  run)."""
   if tol is None:
     def body(_, carry):
       R, _ = carry
@@ -281,7 +282,10 @@ def _iterate(sweep, R, delta, max_sweeps, tol):
     i, R, _ = carry
     R_new = sweep(R)
     return i + 1, R_new, _max_abs(R_new - R)
-  n_run, R, delta = jax.lax.while_loop(cond, wbody, (jnp.int32(0), R, delta))
+  # The first sweep always runs: max|R_0| (sweep 0's cache against a zero one) says
+  # nothing about convergence, and stopping on it skipped every sweep for a loose tol.
+  n_run, R, delta = jax.lax.while_loop(
+      cond, wbody, (jnp.int32(0), R, jnp.full_like(delta, jnp.inf)))
   return R, delta, n_run
 
 
