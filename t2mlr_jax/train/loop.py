@@ -181,6 +181,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
       _say(f"resumed from step {latest} in {workdir}")
     else:
       state = create_state(cfg, tx, jax.random.PRNGKey(t.seed), mesh)
+      writer.truncate_after(0)        # records of an earlier attempt that saved nothing
       if config.model.init_from:
         state = _init_from_pretrained(state, config, cfg, tx, shardings)
     if is_main:
