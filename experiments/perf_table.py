@@ -194,6 +194,24 @@ def loss_memory_rows(d) -> list[str]:
   return out
 
 
+def xla_flags_rows(d) -> list[str]:
+  out = [f"**XLA:CPU options** (`python experiments/xla_cpu_flags.py`; {_machine(d)}): the "
+         "plain smollm2-135m step (B=1, T=256, fp32) under each `XLA_FLAGS` setting, "
+         "ours and transformers' PyTorch Llama alternated in each run (medians); the "
+         "ratio is the comparable number, since each run measures both sides. Our loss "
+         "shows whether an option changed the numerics.", "",
+         "| setting | XLA_FLAGS | ours ms | HF PyTorch ms | ours ÷ HF | our loss |",
+         "|---|---|---|---|---|---|"]
+  for name, r in d["runs"].items():
+    if "error" in r:
+      out.append(f"| {name} | `{r['xla_flags']}` | failed: {' '.join(r['error'])[:80]} | | | |")
+      continue
+    ms = r["ms_per_step"]
+    out.append(f"| {name} | `{r['xla_flags'] or '(none)'}` | {ms['ours']:.0f} | "
+               f"{ms['hf_pytorch']:.0f} | {r['ours_over_hf']:.3f} | {r['loss_ours']:.6f} |")
+  return out
+
+
 def table() -> str:
   parts = []
   d = _load("bench_decode.json")
@@ -216,6 +234,9 @@ def table() -> str:
   d = _load("bench_loss_memory.json")
   if d:
     parts += loss_memory_rows(d) + [""]
+  d = _load("xla_cpu_flags.json")
+  if d:
+    parts += xla_flags_rows(d) + [""]
   return "\n".join(parts).rstrip() + "\n"
 
 
