@@ -204,3 +204,18 @@ def test_models_a_llama_config_cannot_hold_are_refused(tmp_path):
                lambda: gguf.from_gguf(str(tmp_path / "none.gguf"), recurrence=LRTConfig())):
     with pytest.raises(ValueError, match="recurrence=LRTConfig is invalid"):
       load()
+
+
+def test_a_context_longer_than_the_pretrained_one_is_logged(tmp_path, caplog):
+  import logging
+  from t2mlr_jax.convert.pretrained import pretrained_config
+  (tmp_path / "config.json").write_text(json.dumps(dict(
+      architectures=["LlamaForCausalLM"], hidden_size=32, num_attention_heads=2,
+      num_hidden_layers=2, intermediate_size=64, vocab_size=64,
+      max_position_embeddings=128)))
+  with caplog.at_level(logging.WARNING):
+    assert pretrained_config(str(tmp_path), max_seq_len=64).max_seq_len == 64
+  assert "exceeds the pretrained model's context" not in caplog.text
+  with caplog.at_level(logging.WARNING):
+    assert pretrained_config(str(tmp_path), max_seq_len=512).max_seq_len == 512
+  assert "model.max_seq_len=512 exceeds the pretrained model's context of 128" in caplog.text

@@ -18,19 +18,28 @@ from t2mlr_jax.convert import hf
 
 
 def pretrained_config(path: str, **overrides) -> ModelConfig:
-  """The base model's ModelConfig (no recurrence unless overridden)."""
+  """The base model's ModelConfig (no recurrence unless overridden). A max_seq_len beyond
+  the pretrained context is allowed (positions there were never trained) and logged."""
   hf.check_recurrence_type(overrides.get("recurrence"), "model.init_from")
   if checkpoint.is_export(path):
     with open(os.path.join(path, checkpoint.EXPORT_CONFIG)) as f:
-      cfg = checkpoint.model_config_from_meta(json.load(f))
-    if not isinstance(cfg, ModelConfig):
-      raise ValueError(f"{path} holds a {type(cfg).__name__}, not a transformer")
-    return cfg.replace(**{"recurrence": None, **overrides})
-  if os.path.isfile(os.path.join(path, "config.json")):
+      base = checkpoint.model_config_from_meta(json.load(f))
+    if not isinstance(base, ModelConfig):
+      raise ValueError(f"{path} holds a {type(base).__name__}, not a transformer")
+    base = base.replace(recurrence=None)
+  elif os.path.isfile(os.path.join(path, "config.json")):
     with open(os.path.join(path, "config.json")) as f:
-      return hf.config_from_hf(json.load(f), **overrides)
-  raise ValueError(f"model.init_from={path!r} is neither a Hugging Face directory "
-                   "(config.json) nor a parameter export (model.json)")
+      base = hf.config_from_hf(json.load(f))
+  else:
+    raise ValueError(f"model.init_from={path!r} is neither a Hugging Face directory "
+                     "(config.json) nor a parameter export (model.json)")
+  longer = overrides.get("max_seq_len")
+  if longer is not None and longer > base.max_seq_len:
+    from absl import logging
+    logging.warning("model.max_seq_len=%d exceeds the pretrained model's context of %d "
+                    "tokens (%s): positions beyond it were never trained", longer,
+                    base.max_seq_len, path)
+  return base.replace(**overrides)
 
 
 def load_pretrained(path: str, *, recurrence: Optional[T2MLRConfig], seed: int = 0):
