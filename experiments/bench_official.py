@@ -137,7 +137,6 @@ def main():
   import torch.nn.functional as TF
   import transformers
 
-  import t2mlr_jax
   from t2mlr_jax import ModelConfig, T2MLRConfig
   from t2mlr_jax.convert.hf import config_to_hf
   from t2mlr_jax.convert.official import from_official
