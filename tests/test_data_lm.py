@@ -76,7 +76,7 @@ def _two_documents(T=16):
   return block, start, len(wrapped[1])
 
 
-@pytest.mark.parametrize("kind", ["t2mlr", "lrt"])
+@pytest.mark.parametrize("kind", ["t2mlr", pytest.param("lrt", marks=pytest.mark.slow)])
 def test_memory_and_attention_restart_at_a_document_start_in_every_mode(kind):
   """Packed with segment ids, the second document's logits equal the document run alone,
   in every mode: neither attention nor the recurrent memory crosses the boundary."""

@@ -81,6 +81,7 @@ def test_gradient_matches_hand_unrolled_reference(setup, d_f, d_b):
     assert float(jnp.max(jnp.abs(w_ours - full["recurrence"]["w_rec"]["kernel"]))) > 1e-7
 
 
+@pytest.mark.slow       # compiles four steps; slow step
 def test_memory_flat_in_forward_depth(setup):
   """Peak temporary memory of the compiled train step does not grow with D_f."""
   cfg, params, _ = setup

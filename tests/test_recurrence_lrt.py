@@ -38,8 +38,10 @@ def active(cfg, seed=0):
   return {**p, "layers": {**p["layers"], "memory": mem}}
 
 
-@pytest.mark.parametrize("nanochat", [True, False])
-@pytest.mark.parametrize("refresh", [False, True])
+@pytest.mark.parametrize("nanochat, refresh", [
+    (True, False), (False, True),
+    pytest.param(True, True, marks=pytest.mark.slow),
+    pytest.param(False, False, marks=pytest.mark.slow)])
 def test_interleaved_with_S_equal_T_is_exact(nanochat, refresh):
   cfg = lrt_cfg(nanochat)
   params = active(cfg)
@@ -75,7 +77,7 @@ def test_loss_is_the_mean_of_pass_losses():
   np.testing.assert_allclose(aux["per_pass_losses"][0], full, rtol=1e-6)
 
 
-@pytest.mark.parametrize("nanochat", [True, False])
+@pytest.mark.parametrize("nanochat", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_identity_init_equals_base_transformer(nanochat):
   cfg = lrt_cfg(nanochat, init="identity")
   params = init_params(cfg, jax.random.PRNGKey(3))
@@ -152,7 +154,7 @@ def model():
   return cfg, active(cfg, seed=5)
 
 
-@pytest.mark.parametrize("prompt_cf", [2, 1])
+@pytest.mark.parametrize("prompt_cf", [2, pytest.param(1, marks=pytest.mark.slow)])
 def test_generate_follows_the_exact_recurrence(model, prompt_cf):
   cfg, params = model
   prompt = random_tokens(cfg, 2, 5, seed=4)
@@ -237,6 +239,7 @@ def test_export_and_load(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params2, params)
 
 
+@pytest.mark.slow       # T2MLR's twin runs by default
 def test_exact_bptt_gradient_matches_finite_differences():
   """LRT's exact mode backpropagates through the token-by-token recurrence: directional
   derivatives of the loss along random directions in every memory path (γ, the triple

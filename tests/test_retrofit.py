@@ -71,6 +71,7 @@ def test_convert_cli_export_roundtrip(pretrained, tmp_path):
   assert os.path.isfile(os.path.join(out, "tokenizer.json"))
 
 
+@pytest.mark.slow       # the chat_and_retrofit notebook covers it too; slow step
 def test_finetune_from_pretrained_then_evaluate_and_export(pretrained, tmp_path):
   model_dir, data, test = pretrained
   config = _config(model_dir, data)

@@ -60,6 +60,7 @@ def test_lstm_is_causal():
   assert float(np.abs(a[:, 6:] - b[:, 6:]).max()) > 0
 
 
+@pytest.mark.slow       # a training run; slow step
 def test_variable_assignment_trains(tmp_path):
   config = variable_assignment.get_config("tiny")
   train(config, str(tmp_path), progress=False)

@@ -152,6 +152,7 @@ def test_evaluate_cli(reference, tmp_path):
   assert result["loss"] == pytest.approx(final_eval["loss"], abs=1e-6)
 
 
+@pytest.mark.slow       # a full run; slow step
 def test_resume_refuses_a_different_config(tmp_path, monkeypatch):
   wd = str(tmp_path)
   loop.train(tiny_config(num_steps=2, eval_every=100), wd, progress=False)

@@ -59,6 +59,7 @@ def test_interleaved_training_lowers_the_loss_and_logs_its_metrics(reference):
   assert final["loss"] != final["parallel"]["loss"]        # the memory changes the numbers
 
 
+@pytest.mark.slow       # T2MLR's resume test runs by default
 def test_interleaved_training_resumes_bit_identically(reference, tmp_path):
   wd = str(tmp_path)
   loop.train(lrt_config(stop_after_steps=STEPS // 2), wd, progress=False)
