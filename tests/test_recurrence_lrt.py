@@ -135,6 +135,7 @@ def test_packed_segments_reset_the_memory():
   assert max_abs(together[:, 5:], forward(params, rel, b, mode="exact")) > 1e-4
 
 
+@pytest.mark.slow       # T2MLR's twin in test_modes runs by default
 def test_left_padding_matches_unpadded():
   cfg = lrt_cfg()
   params = active(cfg)

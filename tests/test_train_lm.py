@@ -56,6 +56,7 @@ def _same_params(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow       # an LM training run; the lrt_pretraining notebook and this run in the slow step
 def test_train_resume_and_bits_per_byte_in_three_views(data, tmp_path):
   """A run stopped after 2 steps and resumed (Grain state from the checkpoint: the next
   unseen blocks) ends with the parameters of an uninterrupted run; evaluations report
