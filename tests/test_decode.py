@@ -149,7 +149,7 @@ def test_parallel_jacobi_prefill_capped_at_T_equals_exact(model):
   assert 1 <= int(aux["jacobi_sweeps"]) <= 12
 
 
-@pytest.mark.parametrize("B", [1, 2])
+@pytest.mark.parametrize("B", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_decode_loop_updates_the_kv_cache_in_place(model, B):
   """The compiled generate loop holds no full copy of any layer's KV cache (a
   structural check, not a timing one): at batch 1 a [B, N_kv, S, K] cache made XLA:CPU

@@ -87,7 +87,9 @@ def _official_name_grads(grads, cfg):
   return out
 
 
-@pytest.mark.parametrize("case,d_f,d_b", [("A", 4, 2), ("A", 4, 4), ("A", 16, 4), ("B", 4, 2)])
+@pytest.mark.parametrize("case,d_f,d_b", [pytest.param("A", 4, 2, marks=pytest.mark.slow),
+                                          pytest.param("A", 4, 4, marks=pytest.mark.slow),
+                                          ("A", 16, 4), ("B", 4, 2)])
 def test_loss_and_gradients(golden, case, d_f, d_b):
   z, cfg, params = golden
   ids = jnp.asarray(z["input_ids"])

@@ -46,7 +46,7 @@ def test_full_sequence_attention_matches_reference_and_padding_rows_are_zero():
   assert np.all(np.isfinite(np.asarray(y)))
 
 
-@pytest.mark.parametrize("B", [1, 2])
+@pytest.mark.parametrize("B", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_cached_attention_token_by_token_equals_full_sequence(B):
   """The decode path (write the token's keys into a [B·N_kv, S, K] cache, attend over
   it) equals full-sequence attention row by row, padding rows included; the final
@@ -137,7 +137,8 @@ def test_swiglu_value_and_gradients_equal_autodiff(dtype, tol):
     np.testing.assert_allclose(np.float32(gc), np.float32(ga), atol=tol * scale, rtol=tol)
 
 
-@pytest.mark.parametrize("remat", ["full", pytest.param("dots", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("remat", [pytest.param("full", marks=pytest.mark.slow),
+                                   pytest.param("dots", marks=pytest.mark.slow)])
 def test_remat_policies_give_the_same_jacobi_gradients(remat):
   cfg = tiny_cfg()
   params = active_params(cfg)

@@ -39,7 +39,8 @@ def active(cfg, seed=0):
 
 
 @pytest.mark.parametrize("nanochat, refresh", [
-    (True, False), (False, True),
+    (True, False),
+    pytest.param(False, True, marks=pytest.mark.slow),
     pytest.param(True, True, marks=pytest.mark.slow),
     pytest.param(False, False, marks=pytest.mark.slow)])
 def test_interleaved_with_S_equal_T_is_exact(nanochat, refresh):
