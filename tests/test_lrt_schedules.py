@@ -83,6 +83,7 @@ def test_chunked_memory_crosses_only_chunk_boundaries(model):
   assert max_abs(merged[:, :2], exact[:, :2]) <= 1e-5 and max_abs(merged, exact) > 1e-3
 
 
+@pytest.mark.slow       # slow step
 def test_multi_refine_loss_weights_and_detach(model):
   cfg, params, tokens = model
   w = (0.1, 0.3, 0.6)

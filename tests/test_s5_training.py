@@ -21,8 +21,8 @@ import s5_retrieval_transformer  # noqa: E402
 import variable_assignment  # noqa: E402
 
 
-@pytest.mark.parametrize("module", [s5_retrieval, *(pytest.param(m, marks=pytest.mark.slow) for m in (
-    s5_retrieval_transformer, s5_retrieval_lstm, s5_retrieval_all_layers))])
+@pytest.mark.parametrize("module", [pytest.param(m, marks=pytest.mark.slow) for m in (
+    s5_retrieval, s5_retrieval_transformer, s5_retrieval_lstm, s5_retrieval_all_layers)])
 def test_tiny_run_reduces_loss_and_reports_lengths(tmp_path, module):
   config = module.get_config("tiny")
   config.train.update(num_steps=12, eval_every=12, checkpoint_every=12, log_every=1)

@@ -100,6 +100,7 @@ def test_stop_after_steps_then_resume_equals_uninterrupted(reference, tmp_path):
   assert evals[-1]["step"] == STEPS and set(evals[-1]["seq_acc_by_length"]) == {"2", "6"}
 
 
+@pytest.mark.slow       # a full run; the stop_after_steps resume runs by default
 def test_sigterm_saves_and_resumes_to_the_same_parameters(reference, tmp_path):
   wd = str(tmp_path)
   proc = subprocess.Popen(main_cmd(wd, *LONG), cwd=ROOT, stdout=subprocess.PIPE,

@@ -42,6 +42,7 @@ def test_auto_mode_is_interleaved_for_lrt():
   assert config_lib.train_mode(c, config_lib.validate(c)) == "multi_refine"
 
 
+@pytest.mark.slow       # an LRT training run; slow step
 def test_interleaved_training_lowers_the_loss_and_logs_its_metrics(reference):
   records = read_metrics(reference)
   losses = [r["loss"] for r in records]
