@@ -456,7 +456,8 @@ def test_group_curriculum():
   assert s5.parse_group_curriculum("", "S5") == ()
   for bad, match in [("Z2", "GROUP:STEP"), ("Q8:10", "GROUP:STEP"), ("Z2:x", "GROUP:STEP"),
                      ("Z2:10,S3:5", "increase"), ("Z2:10", "not a subgroup of A4"),
-                     ("S4:10", "not a subgroup of S3")]:
+                     ("S4:10", "not a subgroup of S3"), ("Z2+Z2:10", "no repeats"),
+                     ("Z2+Q8:10", "GROUP:STEP"), ("Z2+S4:10", "S4 is not a subgroup of S3")]:
     with pytest.raises(ValueError, match=match):
       s5.parse_group_curriculum(bad, "A4" if "A4" in match else "S3")
 
@@ -475,6 +476,29 @@ def test_source_group_schedule_draws_from_the_stage_group():
     assert (ex["input_ids"] == src[i]["input_ids"]).all()          # still deterministic
   later = {a for i in range(30, 60) for a in src[i]["input_ids"].tolist()} & s3
   assert later - z2                                                  # S3 actions appear
+
+
+def test_a_mixed_stage_draws_each_example_from_one_of_its_groups():
+  """"Z2+S3:N": each example of the stage draws its group, half and half, as a pure
+  function of (seed, index); every example's actions and dictionary come from that group."""
+  assert s5.parse_group_curriculum("Z2+S3:2000", "S3") == (("Z2+S3", 2000),)
+  sched = functools.partial(s5.group_curriculum, stages=(("Z2+S3", 40),), group="S3")
+  src = s5.S5Source(800, min_actions=1, max_actions=8, value_len=1, group="S3",
+                    examples_per_step=10, group_schedule=sched)
+  z2 = {s5.action_id(p) for p in s5.group_elements("Z2")}
+  groups = [src.group_at(i) for i in range(400)]
+  assert set(groups) == {"Z2", "S3"} and 160 < groups.count("Z2") < 240
+  assert groups == [src.group_at(i) for i in range(400)]
+  assert s5.S5Source(800, group="S3", examples_per_step=10, group_schedule=sched,
+                     base_seed=1).group_at(0) in ("Z2", "S3")
+  for i in range(0, 400, 7):
+    ex = src[i]
+    actions = set(ex["input_ids"][ex["input_ids"] >= s5.ACTION_OFFSET].tolist())
+    if groups[i] == "Z2":
+      assert actions <= z2                             # keys and actions from Z2 only
+    n_dict = int(np.sum(ex["control_flow"] == 1) - 1) // 2
+    assert n_dict <= (2 if groups[i] == "Z2" else 6)
+  assert {src.group_at(i) for i in range(400, 800)} == {"S3"}          # after the stage
 
 
 def test_control_flow_from_tokens_is_the_generated_one():

@@ -419,17 +419,22 @@ def length_curriculum(step: int, start: int, end: int, warmup_steps: int,
 
 def parse_group_curriculum(text: str, group: str) -> tuple[tuple[str, int], ...]:
   """Stages "Z2:2000" or "Z2:1000,S3:3000" (train on Z2 up to step 1000, then S3 up to
-  3000, then `group`). Each stage's group must be a subgroup of `group` (so its action
-  tokens and dictionaries are a subset) and the steps must increase."""
+  3000, then `group`). A stage may mix groups, "Z2+S3:2000": each of its examples draws
+  its group uniformly from those listed. Each stage's groups must be subgroups of `group`
+  (so their action tokens and dictionaries are a subset) and the steps must increase."""
   stages, last = [], -1
   for part in filter(None, (x.strip() for x in text.split(","))):
     name, sep, until = part.partition(":")
-    if name not in GROUPS or not sep or not until.strip().isdigit():
+    names = name.split("+")
+    if (not all(n in GROUPS for n in names) or len(set(names)) != len(names) or not sep
+        or not until.strip().isdigit()):
       raise ValueError(f"group curriculum stage {part!r} is invalid: allowed 'GROUP:STEP' "
-                       f"with GROUP one of {', '.join(GROUPS)} and STEP an integer >= 0")
-    if not set(group_elements(name)) <= set(group_elements(group)):
-      raise ValueError(f"group curriculum stage {part!r} is invalid: {name} is not a "
-                       f"subgroup of {group}")
+                       f"or 'GROUP+GROUP:STEP' with each GROUP one of {', '.join(GROUPS)} "
+                       f"(no repeats) and STEP an integer >= 0")
+    for n in names:
+      if not set(group_elements(n)) <= set(group_elements(group)):
+        raise ValueError(f"group curriculum stage {part!r} is invalid: {n} is not a "
+                         f"subgroup of {group}")
     if int(until) <= last:
       raise ValueError(f"group curriculum stage {part!r} is invalid: steps must increase")
     stages.append((name, int(until)))
@@ -439,8 +444,8 @@ def parse_group_curriculum(text: str, group: str) -> tuple[tuple[str, int], ...]
 
 def group_curriculum(step: int, stages: Sequence[tuple[str, int]], group: str) -> str:
   """The group of training step `step`: the first stage (name, until) with step < until,
-  else `group`. Small groups first mean small S5-Retrieval dictionaries first, where the
-  lookup circuit forms (docs/experiments.md)."""
+  else `group` ("Z2+S3" names a mixed stage). Small groups first mean small
+  S5-Retrieval dictionaries first, where the lookup circuit forms (docs/experiments.md)."""
   for name, until in stages:
     if step < until:
       return name
@@ -522,7 +527,11 @@ class S5Source:
     """The group example `index` draws its actions from."""
     if self.group_schedule is None:
       return self.group
-    return self.group_schedule(int(index) // self.examples_per_step)
+    names = self.group_schedule(int(index) // self.examples_per_step).split("+")
+    if len(names) == 1:
+      return names[0]
+    rng = np.random.default_rng((self.base_seed, int(index), 2))
+    return names[int(rng.integers(0, len(names)))]
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     n = self.num_actions_of(index)
