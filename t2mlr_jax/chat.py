@@ -23,6 +23,11 @@ PROMPT_BUCKET = 64       # prompts are left-padded to a multiple (fewer prefill 
 CACHE_BUCKET = 256       # KV cache sizes are multiples (fewer decode-step compiles)
 
 
+MODEL_KINDS = ("allowed a GGUF file (*.gguf), a Hugging Face directory (config.json and "
+               "*.safetensors), a parameter export (python -m t2mlr_jax.convert) or a "
+               "training workdir (with checkpoints/)")
+
+
 def load_chat_model(path: str, tokenizer: Optional[str] = None, dtype: str = "float32"):
   """(cfg, params, tokenizer) from a GGUF file, an HF directory, an export or a workdir."""
   from t2mlr_jax import checkpoint
@@ -32,12 +37,15 @@ def load_chat_model(path: str, tokenizer: Optional[str] = None, dtype: str = "fl
     cfg, params, tok = from_gguf(path, dtype=dtype)
     return cfg, params, load_tokenizer(tokenizer) if tokenizer else tok
   if not os.path.exists(path):
-    raise ValueError(f"--model={path!r} does not exist")
+    raise ValueError(f"--model={path!r} does not exist: {MODEL_KINDS}")
   if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
       os.path.join(path, "checkpoints")):
     from t2mlr_jax.convert import hf
     cfg, params = hf.from_hf(path)
     return cfg, params, load_tokenizer(tokenizer or path)
+  if not (checkpoint.is_export(path) or os.path.isdir(os.path.join(path, "checkpoints"))):
+    what = "a file" if os.path.isfile(path) else "a directory with no checkpoints/"
+    raise ValueError(f"--model={path!r} is {what}, not a model: {MODEL_KINDS}")
   cfg, params = checkpoint.load(path)
   if tokenizer is None:
     if os.path.isfile(os.path.join(path, "tokenizer.json")):

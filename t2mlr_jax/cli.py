@@ -47,6 +47,37 @@ def _report(e: BaseException, args: Sequence[str]) -> None:
   sys.exit(2)
 
 
+_FLAG_TYPES = (("invalid literal for int()", "an integer"),
+               ("could not convert string to float", "a number"),
+               ("Non-boolean argument to boolean flag", "true or false"))
+
+
+def _flag_error(error: BaseException) -> str:
+  """absl's flag error on one line; a value of the wrong type says what is allowed
+  ('--config.train.num_steps='abc' is invalid: allowed an integer')."""
+  import re
+  text = " ".join(str(error).split())
+  bad = re.match(r"flag (--[\w.]+)=(.*?): (.*)$", text)
+  if bad:
+    name, value, why = bad.groups()
+    allowed = next((a for key, a in _FLAG_TYPES if key in why), None)
+    return f"{name}={value!r} is invalid: " + (f"allowed {allowed}" if allowed else why)
+  return text[:1].lower() + text[1:]
+
+
+def _parse_flags(argv: Sequence[str]):
+  """absl's flag parsing with a bad flag or flag value reported as one line, exit 2
+  (absl itself prints two lines and exits 1)."""
+  from absl import flags
+  try:
+    return flags.FLAGS(list(argv))
+  except flags.Error as e:
+    if _verbose(argv):
+      raise
+    print(f"error: {_flag_error(e)} (--helpshort lists the flags)", file=sys.stderr)
+    sys.exit(2)
+
+
 def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
   """absl's app.run(main) with usage errors reported as one line (exit 2); --verbose (or
   T2MLR_VERBOSE=1) keeps the traceback."""
@@ -55,7 +86,7 @@ def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
     flags.DEFINE_bool("verbose", False, "show the full traceback of an error")
   args = list(sys.argv if argv is None else argv)
   try:
-    app.run(main, argv=args)
+    app.run(main, argv=args, flags_parser=_parse_flags)
   except USAGE_ERRORS as e:
     if _verbose(args):
       raise

@@ -24,6 +24,7 @@ predictions.jsonl (one line per example) are written there.
 
 import json
 import os
+import sys
 
 from absl import app, flags
 
@@ -178,6 +179,7 @@ def main(argv):
     if _OUTPUT.value:
       paths.write_text(_OUTPUT.value, json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
+    _wrote(_OUTPUT.value)
     return
   if _TASK.value:
     if not _DATA.value or not _MODEL.value:
@@ -193,6 +195,8 @@ def main(argv):
       paths.write_text(out / "predictions.jsonl",
                        "".join(json.dumps(row) + "\n" for row in per_example))
     print(json.dumps(summary, indent=2))
+    if _OUTPUT.value:
+      _wrote(f"{out / 'summary.json'} and {out / 'predictions.jsonl'}")
     return
   if not _WORKDIR.value:
     raise app.UsageError("give --workdir (a training run) or --task/--data/--model")
@@ -200,6 +204,13 @@ def main(argv):
   out = _OUTPUT.value or paths.resolve(_WORKDIR.value) / f"eval_step{results['step']}.json"
   paths.write_text(out, json.dumps(results, indent=2))
   print(json.dumps(results, indent=2))
+  _wrote(out)
+
+
+def _wrote(where) -> None:
+  """Where the results went (stderr: stdout stays the JSON alone)."""
+  if where:
+    print(f"wrote {where}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,28 @@ def _run(*args, cwd):
      "error: config field train.num_steps=-1 is invalid: allowed an integer >= 1"),
     (("t2mlr_jax.evaluate", "--workdir=empty"), "error: no checkpoint found under"),
     (("t2mlr_jax.convert", "--from=empty", "--to-hf=out"), "error: no checkpoint found under"),
-], ids=["misspelled-field", "missing-config", "bad-value", "evaluate-empty", "convert-empty"])
+    (("t2mlr_jax.main", f"--config={TINY}", "--config.train.num_steps=abc", "--workdir=wd"),
+     "error: --config.train.num_steps='abc' is invalid: allowed an integer"),
+    (("t2mlr_jax.main", f"--config={TINY}", "--progress=maybe", "--workdir=wd"),
+     "error: --progress='maybe' is invalid: allowed true or false"),
+    (("t2mlr_jax.main", f"--config={TINY}", "--bogus=1"),
+     "error: unknown command line flag 'bogus'"),
+    (("t2mlr_jax.main", f"--config={TINY}", "--config.model.d_model=-1", "--workdir=wd"),
+     "error: config field model.d_model=-1 is invalid: allowed an integer >= 1"),
+    (("t2mlr_jax.main", f"--config={TINY}", "--config.data.group=S7", "--workdir=wd"),
+     "error: config field data.group='S7' is invalid: allowed one of"),
+    (("t2mlr_jax.main", f"--config={TINY}", "--workdir=a_file"),
+     "error: workdir a_file is a file: allowed a directory"),
+    (("t2mlr_jax.chat", "--model=a_file"),
+     "error: --model='a_file' is a file, not a model: allowed a GGUF file"),
+    (("t2mlr_jax.chat", "--model=empty"),
+     "error: --model='empty' is a directory with no checkpoints/, not a model: allowed"),
+], ids=["misspelled-field", "missing-config", "bad-value", "evaluate-empty", "convert-empty",
+        "flag-type", "bool-flag", "unknown-flag", "model-field", "data-field", "workdir-file",
+        "chat-file", "chat-dir"])
 def test_errors_are_one_line_with_exit_status_2(tmp_path, args, message):
   (tmp_path / "empty").mkdir()
+  (tmp_path / "a_file").write_text("not a model\n")
   run = _run(*args, cwd=tmp_path)
   assert run.returncode == 2, run.stderr[-2000:]
   lines = [line for line in run.stderr.splitlines() if line.strip()]
@@ -40,3 +59,26 @@ def test_verbose_keeps_the_traceback(tmp_path):
              "--workdir=wd", "--verbose", cwd=tmp_path)
   assert run.returncode != 0 and "Traceback" in run.stderr
   assert "train.num_steps=-1 is invalid" in run.stderr
+
+
+def test_convert_refuses_an_existing_export_before_reading_the_source(tmp_path):
+  (tmp_path / "out" / "params").mkdir(parents=True)
+  # the source does not exist: refusing the output first means it is never opened
+  run = _run("t2mlr_jax.convert", "--from-gguf", "missing.gguf", "--to", "out", cwd=tmp_path)
+  assert run.returncode == 2, run.stderr[-2000:]
+  assert "already exists: refusing to overwrite an export" in run.stderr
+
+
+def test_a_script_beside_a_clone_named_t2mlr_jax_is_told_what_happened(tmp_path):
+  """`import t2mlr_jax` from a script next to the clone finds the clone's folder first: it
+  says so and loads the package inside the clone (not an empty namespace package)."""
+  (tmp_path / "t2mlr_jax").symlink_to(ROOT, target_is_directory=True)
+  (tmp_path / "script.py").write_text(
+      "from t2mlr_jax import forward\nimport t2mlr_jax.data.s5 as s5\n"
+      "print(forward.__module__, s5.VOCAB_SIZE)\n")
+  run = subprocess.run([sys.executable, "script.py"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert run.stdout.split() == ["t2mlr_jax.model.modes", "188"]
+  assert "'import t2mlr_jax' found" in run.stderr
+  assert "the folder of a t2mlr_jax clone, not the package inside it" in run.stderr

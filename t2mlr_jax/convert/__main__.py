@@ -61,6 +61,7 @@ def main(argv=None):
       p.error("give both --l_start and --l_end to add a T2MLR block")
     if args.l_start is not None:
       recurrence = T2MLRConfig(l_start=args.l_start, l_end=args.l_end, gate_gain=args.gate_gain)
+    checkpoint.check_export_target(args.to)       # before reading a multi-GB source
     if args.from_gguf:
       from t2mlr_jax.convert import gguf
       cfg, copied = gguf.export_gguf(args.from_gguf, args.to, recurrence=recurrence,

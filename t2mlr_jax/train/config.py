@@ -27,8 +27,8 @@ BACKBONE_FIELDS = ("norm_scale", "embed_norm", "qk_norm", "mlp_type", "logit_sof
                    "window_long", "pad_vocab_to", "value_embeds", "ve_gate_channels",
                    "rope_table_dtype", "attention")
 # Fields a resumed run may change; any other difference is refused.
-RESUME_MUTABLE = ("model.attention", "train.stop_after_steps", "train.eval_every",
-                  "train.checkpoint_every", "train.log_every")
+RESUME_MUTABLE = ("model.attention", "train.stop_after_steps", "train.resume_step",
+                  "train.eval_every", "train.checkpoint_every", "train.log_every")
 
 
 def base_config() -> config_dict.ConfigDict:
@@ -87,6 +87,7 @@ def base_config() -> config_dict.ConfigDict:
   c.train = dict(
       num_steps=1000,
       stop_after_steps=config_dict.placeholder(int),  # stop early (resumable) at this step
+      resume_step=config_dict.placeholder(int),  # resume from this saved step (None: latest)
       batch_size=16,              # global batch (all processes, all devices)
       seq_len=256,
       eval_every=500,
@@ -136,7 +137,7 @@ def base_config() -> config_dict.ConfigDict:
       curriculum_start=config_dict.placeholder(int),  # S5: max_actions at step 0
       curriculum_steps=0,         # S5: steps to grow to max_actions
       curriculum_hold_steps=0,
-      group_curriculum="",        # S5: e.g. "A5:2000,S5" (group schedule)
+      group_curriculum="",        # S5: e.g. "Z2:2000" or "Z2+S3:2000" (group schedule)
       va_depth=2,                 # variable_assignment: chain depth
       path=config_dict.placeholder(str),              # sft: JSONL or tfds:NAME:SPLIT; lm: dataset
       eval_path=config_dict.placeholder(str),
@@ -219,13 +220,24 @@ def model_config(config) -> Union[ModelConfig, LSTMConfig]:
   if m.get("init_from"):
     return _init_from_config(config)
   rec = _recurrence(config)
-  return ModelConfig(
-      vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
-      n_kv_heads=m.n_kv_heads, d_ff=m.d_ff, head_dim=m.head_dim, max_seq_len=m.max_seq_len,
-      rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps, tie_embeddings=m.tie_embeddings,
-      qkv_bias=m.qkv_bias, init_std=m.init_std, dtype=m.dtype, remat=m.remat,
-      scan_layers=m.scan_layers, recurrence=rec,
-      **{k: m[k] for k in BACKBONE_FIELDS if k in m})
+  try:
+    return ModelConfig(
+        vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+        n_kv_heads=m.n_kv_heads, d_ff=m.d_ff, head_dim=m.head_dim, max_seq_len=m.max_seq_len,
+        rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps, tie_embeddings=m.tie_embeddings,
+        qkv_bias=m.qkv_bias, init_std=m.init_std, dtype=m.dtype, remat=m.remat,
+        scan_layers=m.scan_layers, recurrence=rec,
+        **{k: m[k] for k in BACKBONE_FIELDS if k in m})
+  except ValueError as e:
+    raise ValueError(_model_field_error(str(e), m)) from None
+
+
+def _model_field_error(text: str, m) -> str:
+  """ModelConfig's error with the field named as the config spells it (`model.d_model`)."""
+  head = text.split("=", 1)[0]
+  if head.isidentifier() and head in m:
+    return f"config field model.{text}"
+  return text
 
 
 def train_mode(config, cfg) -> str:
@@ -261,6 +273,10 @@ def validate(config):
     value = t[field]
     if not isinstance(value, int) or value < 1:
       _fail(f"train.{field}", value, "an integer >= 1")
+  if t.get("resume_step") is not None and not (isinstance(t.resume_step, int)
+                                              and 1 <= t.resume_step <= t.num_steps):
+    _fail("train.resume_step", t.resume_step, f"None or a saved step in [1, train.num_steps="
+          f"{t.num_steps}]")
   if t.stop_after_steps is not None and not 1 <= t.stop_after_steps <= t.num_steps:
     _fail("train.stop_after_steps", t.stop_after_steps,
           f"None or an integer in [1, train.num_steps={t.num_steps}]")

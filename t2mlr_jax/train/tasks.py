@@ -281,6 +281,8 @@ def validate_data(config, task: Task) -> None:
   """Data checks that need the task: every training example fits train.seq_len."""
   d = config.data
   if task.name.startswith("s5"):
+    if d.group not in s5.GROUPS:
+      _fail("data.group", d.group, f"one of {s5.GROUPS}")
     if not 1 <= d.min_actions <= d.max_actions:
       _fail("data.max_actions", d.max_actions, f">= data.min_actions={d.min_actions} >= 1")
     eval_lengths(d)
