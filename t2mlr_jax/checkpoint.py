@@ -120,6 +120,81 @@ class Checkpointer:
     self.manager.close()
 
 
+SET_ASIDE = "checkpoints_set_aside"
+
+
+def saved_steps(workdir: str) -> list[int]:
+  """The complete steps under workdir/checkpoints (Orbax's unfinished *.orbax-checkpoint-tmp
+  directories excluded), without opening a manager."""
+  root = paths.resolve(workdir) / "checkpoints"
+  if not root.is_dir():
+    return []
+  return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def set_aside_after(workdir: str, step: int) -> list[int]:
+  """Move the saved steps after `step` to workdir/checkpoints_set_aside/ (never deleted), so
+  a run resumes from `step` and saves its own later steps; returns the steps moved."""
+  steps = saved_steps(workdir)
+  if step not in steps:
+    raise ValueError(f"config field train.resume_step={step} is invalid: allowed one of the "
+                     f"steps saved in {paths.resolve(workdir) / 'checkpoints'}: {steps}")
+  root = paths.resolve(workdir)
+  moved = [s for s in steps if s > step]
+  for s in moved:
+    dest = root / SET_ASIDE / str(s)
+    n = 1
+    while dest.exists():          # an earlier set-aside of the same step is kept too
+      dest = root / SET_ASIDE / f"{s}.{n}"
+      n += 1
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    (root / "checkpoints" / str(s)).rename(dest)
+  return moved
+
+
+def quiet_failed_reads() -> None:
+  """After a failed restore, Orbax's other array reads of the same damaged file end as
+  coroutines whose exceptions nobody retrieves (Python prints each, a page of TensorStore
+  spec, when they are collected) or as callbacks into a closed event loop. Silence just
+  those, keeping every other warning."""
+  import sys
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if "Encountered error while reading array" in str(unraisable.exc_value):
+      return
+    previous(unraisable)
+  sys.unraisablehook = hook
+  # and TensorStore's callbacks of those reads, arriving after Orbax closed its event loop
+  previous_excepthook = sys.excepthook
+
+  def excepthook(kind, value, traceback):
+    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+      return
+    previous_excepthook(kind, value, traceback)
+  sys.excepthook = excepthook
+
+
+def read_failure(error: BaseException) -> str:
+  """What could not be read, in one line: the array and TensorStore's reason when the
+  error chain names them (a damaged shard file), else the innermost message."""
+  import re
+  chain, e = [], error
+  while e is not None and len(chain) < 20:
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  for e in chain:
+    found = re.search(r'Error reading "([^"]+)" in OCDBT database at local file "([^"]*)"'
+                      r'(?:: (.*))?', str(e))
+    if found:
+      array, where, why = found.groups()
+      item = where.rstrip("/").rsplit("/", 1)[-1]
+      array = array.rsplit("/", 1)[0] if "/" in array else array
+      why = (why or "").split(";")[0].strip()
+      return f"array {item}/{array}" + (f" ({why})" if why else "")
+  return " ".join(str(chain[-1]).split())[:300]
+
+
 def with_shardings(abstract_tree, shardings):
   """ShapeDtypeStructs carrying the target shardings (the restore layout)."""
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -146,17 +221,27 @@ def is_export(path: str) -> bool:
   return (epath.Path(path) / EXPORT_CONFIG).is_file()
 
 
+def check_export_target(path: str) -> None:
+  """Refuse an export path that already holds one (or is a file), before any conversion
+  work is spent on it."""
+  root = paths.resolve(path)
+  if root.exists() and not root.is_dir():
+    raise ValueError(f"{path} is a file: an export is a directory (give a new path)")
+  if (root / EXPORT_PARAMS).exists():
+    raise ValueError(f"{root / EXPORT_PARAMS} already exists: refusing to overwrite an "
+                     "export (give a new path or remove it)")
+
+
 def export(cfg, params, path: str) -> None:
   """A standalone parameter checkpoint: path/params (Orbax) + path/model.json.
 
   What `python -m t2mlr_jax.convert --from-hf` writes; `load(path)` and the training
   config's `model.init_from` read it."""
   import json
+  check_export_target(path)
   root = paths.resolve(path)
   root.mkdir(parents=True, exist_ok=True)
   target = root / EXPORT_PARAMS
-  if target.exists():
-    raise ValueError(f"{target} already exists: refusing to overwrite an export")
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(target, jax.device_get(params))
   paths.write_text(root / EXPORT_CONFIG, json.dumps(

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -98,6 +99,59 @@ def test_stop_after_steps_then_resume_equals_uninterrupted(reference, tmp_path):
   _assert_same_params(_params(wd), _params(reference))
   evals = read_metrics(wd, "eval")
   assert evals[-1]["step"] == STEPS and set(evals[-1]["seq_acc_by_length"]) == {"2", "6"}
+
+
+def _damage_largest_shard(step_dir):
+  """Overwrite 64 bytes in the middle of the step's largest parameter data file."""
+  files = [p for p in (step_dir / "params").rglob("*") if p.is_file() and p.parent.name == "d"]
+  shard = max(files, key=lambda p: p.stat().st_size)
+  data = bytearray(shard.read_bytes())
+  data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+  shard.write_bytes(bytes(data))
+  return shard.relative_to(step_dir), bytes(data)
+
+
+def test_a_damaged_checkpoint_is_named_and_resume_step_goes_on_from_an_intact_one(
+    reference, tmp_path):
+  wd, ckpts = str(tmp_path), tmp_path / "checkpoints"
+  every = ["--config.train.checkpoint_every=20", "--config.train.max_to_keep=5"]
+  run_main(wd, *LONG, *every, "--config.train.stop_after_steps=60")
+  assert checkpoint.saved_steps(wd) == [20, 40, 60]
+  shard, damaged = _damage_largest_shard(ckpts / "60")
+  # a save killed half-way (SIGKILL during an asynchronous save) leaves Orbax's temporary
+  # directory of a later step: the resume must not take it for a checkpoint
+  shutil.copytree(ckpts / "40", ckpts / "80.orbax-checkpoint-tmp-1764633600")
+  (ckpts / "80.orbax-checkpoint-tmp-1764633600" / "params" / "_METADATA").unlink()
+  out = subprocess.run(main_cmd(wd, *LONG, *every), cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+  lines = [line for line in out.stderr.splitlines() if line.strip()]
+  assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+  assert lines[0].startswith(f"error: checkpoint step 60 in {wd} could not be read: array "
+                             "params/"), lines[0]
+  assert "--config.train.resume_step=40 (saved: [20, 40]" in lines[0]
+  assert (ckpts / "60" / shard).read_bytes() == damaged           # nothing touched
+  out = run_main(wd, *LONG, *every, "--config.train.resume_step=40")
+  assert "saved steps [60] moved to" in out.stdout + out.stderr
+  # the damaged step is kept aside, byte for byte; the run goes on as if never interrupted
+  assert (tmp_path / checkpoint.SET_ASIDE / "60" / shard).read_bytes() == damaged
+  assert checkpoint.saved_steps(wd) == [20, 40, 60, 80]
+  assert train_losses(wd) == train_losses(reference)
+  _assert_same_params(_params(wd), _params(reference))
+
+
+def test_a_log_window_shorter_than_log_every_says_which_steps_it_averages(tmp_path, capsys):
+  """After a resume (or at a stop) the first window covers fewer steps than log_every: its
+  line names them, and the record says how many steps its mean loss has."""
+  wd = str(tmp_path)
+  loop.train(tiny_config(num_steps=12, log_every=5, stop_after_steps=7), wd, progress=True)
+  loop.train(tiny_config(num_steps=12, log_every=5), wd, progress=True)
+  printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith("step ")]
+  train = [l for l in printed if "eval" not in l]
+  assert [l.split()[1] for l in train] == ["5/12", "7/12", "10/12", "12/12"]
+  assert "over_steps" not in train[0] and "over_steps 6-7 " in train[1]
+  assert "over_steps 8-10 " in train[2] and "over_steps 11-12 " in train[3]
+  assert [(r["step"], r["loss_window"]) for r in read_metrics(wd)] == \
+      [(5, 5), (7, 2), (10, 3), (12, 2)]
 
 
 @pytest.mark.slow       # a full run; the stop_after_steps resume runs by default
@@ -207,6 +261,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     (lambda c: c.data.update(curriculum_start=2, curriculum_hold_steps=-1),
      "data.curriculum_hold_steps"),
     (lambda c: c.data.update(group_curriculum="S4:10"), "data.group_curriculum"),
+    (lambda c: c.train.update(resume_step=0), "train.resume_step"),
 ])
 def test_bad_config_fails_before_any_compile(tmp_path, edit, field):
   config = tiny_config()

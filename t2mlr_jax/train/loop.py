@@ -126,6 +126,18 @@ def _init_from_pretrained(state, config, cfg, tx, shardings):
   return state.replace(params=params, opt_state=opt_state)
 
 
+def _unreadable(workdir, step, ckpt, error) -> ValueError:
+  """The one-line error of a checkpoint step that cannot be read, naming the steps a
+  `train.resume_step` can go on from (nothing is deleted or overwritten)."""
+  ckpt_lib.quiet_failed_reads()
+  others = [s for s in ckpt.all_steps() if s < step]
+  how = (f"resume from an earlier step with --config.train.resume_step={max(others)} "
+         f"(saved: {others}; the steps after it are moved to {ckpt_lib.SET_ASIDE}/, not "
+         "deleted)" if others else "no earlier step is saved: start in a new workdir")
+  return ValueError(f"checkpoint step {step} in {workdir} could not be read: "
+                    f"{ckpt_lib.read_failure(error)}; {how}")
+
+
 def _step_flops(cfg, t, mode):
   """Model FLOPs of one train step (SPEC §8 cost model; fixed sweeps), 0 if unknown."""
   from t2mlr_jax.config import ModelConfig
@@ -148,8 +160,23 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   mode = config_lib.train_mode(config, cfg)
   tx, schedule = make_optimizer(config.optimizer, t.num_steps, getattr(cfg, "d_model", None))
   is_main = jax.process_index() == 0
+  root = paths.resolve(workdir)
+  if root.exists() and not root.is_dir():
+    raise ValueError(f"workdir {workdir} is a file: allowed a directory (a new one, or the "
+                     "workdir of a run to resume)")
   if is_main:
-    paths.resolve(workdir).mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+
+  resume_step = t.get("resume_step")
+  if resume_step is not None and is_main:
+    moved = ckpt_lib.set_aside_after(workdir, resume_step)
+    if moved:
+      _say(f"resuming from step {resume_step}: saved steps {moved} moved to "
+           f"{root / ckpt_lib.SET_ASIDE} (kept, not deleted)")
+  if resume_step is not None and jax.process_count() > 1:
+    # the other processes open the checkpoints only once process 0 has moved them
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("t2mlr_jax resume_step")
 
   # Everything opened below is closed on every way out: a refused resume or a failed
   # restore too (an open TensorBoard writer and Orbax's threads outlive the call).
@@ -167,16 +194,25 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
     writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, enabled=is_main)))
     latest = ckpt.latest_step()
     if latest is not None:
-      saved = ckpt.read_json(latest, "config")
+      try:
+        saved = ckpt.read_json(latest, "config")
+        meta = ckpt.read_json(latest, "meta")
+      except Exception as e:      # a damaged step: say which, and how to go on
+        raise _unreadable(workdir, latest, ckpt, e) from e
       conflicts = config_lib.resume_conflicts(saved, config.to_dict())
       if conflicts:
         detail = ", ".join(f"{k}: saved {config_lib.flatten(saved).get(k)!r} vs now "
                            f"{config_lib.flatten(config.to_dict()).get(k)!r}" for k in conflicts)
         raise ValueError(f"{workdir} holds a run with a different config; refusing to resume "
                          f"(only {', '.join(config_lib.RESUME_MUTABLE)} may change): {detail}")
-      _check_same_data_layout(ckpt.read_json(latest, "meta"), slots, workdir, latest)
+      _check_same_data_layout(meta, slots, workdir, latest)
       target = ckpt_lib.with_shardings(abstract_state(cfg, tx), shardings)
-      state = ckpt.restore(latest, target, data_iter)
+      try:
+        state = ckpt.restore(latest, target, data_iter)
+      except Exception as e:
+        if isinstance(e, ValueError) and "format_version" in str(e):
+          raise
+        raise _unreadable(workdir, latest, ckpt, e) from e
       writer.truncate_after(latest)
       _say(f"resumed from step {latest} in {workdir}")
     else:
@@ -206,6 +242,9 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
       ckpt.save(step, state, data_iter, config.to_dict(), cfg, data_slots=slots)
       saved_step = step
 
+    if step < stop_at:
+      _say(f"compiling the {mode} train step (tens of seconds on a CPU); the first log line "
+           f"comes after step {min((step // t.log_every + 1) * t.log_every, stop_at)}")
     with _StopSignal() as stop:
       while step < stop_at:
         batch = _global_batch(next(data_iter), data_sharding)
@@ -229,8 +268,13 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
             peak = flops.peak_flops()
             if peak:
               last["mfu"] = achieved / (peak * jax.device_count())
+          last["loss_window"] = len(window)
           writer.write(step, last)
-          bar.update(len(window), loss=last["loss"], tok_s=int(last["tokens_per_sec"]))
+          # a window shorter than log_every (after a resume, at a stop) says which steps
+          # its mean loss covers
+          span = ({} if len(window) == t.log_every
+                  else {"over_steps": f"{step - len(window) + 1}-{step}"})
+          bar.update(len(window), loss=last["loss"], **span, tok_s=int(last["tokens_per_sec"]))
           window, window_start = [], time.perf_counter()
         if step % t.eval_every == 0 or step == t.num_steps:
           if eval_batches is None:
