@@ -1,10 +1,12 @@
 """Record a run of the S5 default job (or one of its baselines) in
-experiments/results/s5_default_job.json: its command, parameter count, final exact eval
-by length (and the zero-memory `parallel` eval of recurrent models) and eval curve.
+experiments/results/s5_default_job.json: its command, seed, commit, machine, wall time,
+parameter count, final exact eval by length (and the zero-memory `parallel` eval of
+recurrent models) and eval curve; or check a run against the README's S5 row.
 
     python -m t2mlr_jax.main --config=configs/s5_retrieval_lrt.py --workdir=workdirs/s5_lrt
     python experiments/s5_default_job.py --name=lrt --config=configs/s5_retrieval_lrt.py \\
         --workdir=workdirs/s5_lrt
+    python experiments/s5_default_job.py --check_readme --workdir=workdirs/s5   # CI's last step
 
 Runs already in the JSON under other names are kept.
 """
@@ -24,7 +26,69 @@ OUT = os.path.join(ROOT, "experiments", "results", "s5_default_job.json")
 CURVE = ("seq_acc", "state_acc", "value_acc")
 
 
-def record(name: str, config_path: str, workdir: str, note: str = "") -> dict:
+def machine() -> dict:
+  """The host: platform, CPU model and count (XLA:CPU compiles for the host's vector
+  units, so the CPU decides the last digits of every number)."""
+  cpu = platform.processor()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((line.split(":", 1)[1].strip() for line in f
+                  if line.startswith("model name")), cpu)
+  except OSError:
+    pass
+  return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count()}
+
+
+def _commit() -> str:
+  """HEAD's short hash, '+changes' when the tree differs from it."""
+  import subprocess
+  try:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           cwd=ROOT, capture_output=True, text=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+  return head + ("+changes" if dirty else "")
+
+
+def _wall_minutes(workdir: str):
+  """Minutes from the run's start (run_info.json) to its last metric line: the wall time
+  of a run that ran in one go (None if unknown)."""
+  try:
+    info = json.load(open(os.path.join(workdir, "run_info.json")))
+    start = time.mktime(time.strptime(info["started"], "%Y-%m-%d %H:%M:%S"))
+    end = os.path.getmtime(os.path.join(workdir, "metrics.jsonl"))
+  except (OSError, KeyError, ValueError):
+    return None
+  return round((end - start) / 60, 1)
+
+
+LENGTHS = ("4", "8", "12", "16")
+
+
+def readme_row(readme: str = os.path.join(ROOT, "README.md")) -> dict:
+  """The README's S5 row of the default job: sequence accuracy by number of actions."""
+  for line in open(readme):
+    if line.startswith("| T2MLR (`s5_retrieval.py`)"):
+      cells = [c.strip() for c in line.strip().strip("|").split("|")]
+      return dict(zip(LENGTHS, map(float, cells[-len(LENGTHS):])))
+  raise ValueError(f"{readme} has no '| T2MLR (`s5_retrieval.py`)' row")
+
+
+def check_readme(workdir: str, slack: float = 0.01) -> list[str]:
+  """The lengths where the run's final exact sequence accuracy is below the README's
+  number minus `slack` (an empty list: the run reproduces the README)."""
+  from t2mlr_jax.train.metrics import read_metrics
+  final = read_metrics(workdir, "eval")[-1]["seq_acc_by_length"]
+  want = readme_row()
+  return [f"{n} actions: not evaluated" if n not in final else
+          f"{n} actions: {final[n]:.4f} < README {want[n]:.2f} - {slack}"
+          for n in LENGTHS if n not in final or final[n] < want[n] - slack]
+
+
+def record(name: str, config_path: str, workdir: str, note: str = "",
+           command: str = "") -> dict:
   import jax
 
   from t2mlr_jax import checkpoint
@@ -35,8 +99,10 @@ def record(name: str, config_path: str, workdir: str, note: str = "") -> dict:
   final = evals[-1]
   by_length = lambda r: {k: r[k] for k in ("seq_acc_by_length", "state_acc_by_length",
                                            "value_acc_by_length") if k in r}
-  run = {"command": f"python -m t2mlr_jax.main --config={config_path} "
-                    f"--workdir={os.path.relpath(workdir, ROOT)}",
+  run = {"command": command or f"python -m t2mlr_jax.main --config={config_path} "
+                               f"--workdir={os.path.relpath(workdir, ROOT)}",
+         "seed": config.train.seed, "commit": _commit(),
+         "wall_minutes": _wall_minutes(workdir),
          "params": model_config(config).num_params(), "group": config.data.group,
          "group_curriculum": config.data.group_curriculum,
          "steps_run": final["step"], "num_steps": config.train.num_steps,
@@ -47,8 +113,7 @@ def record(name: str, config_path: str, workdir: str, note: str = "") -> dict:
     run["final_eval_zero_memory"] = by_length(final["parallel"])
   if note:
     run["note"] = note
-  run["recorded"] = {"date": time.strftime("%Y-%m-%d %H:%M"),
-                     "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+  run["recorded"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
                      "versions": {"jax": jax.__version__, "python": platform.python_version()}}
   report = json.load(open(OUT)) if os.path.exists(OUT) else {"runs": {}}
   report["runs"][name] = run
@@ -59,13 +124,30 @@ def record(name: str, config_path: str, workdir: str, note: str = "") -> dict:
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--name", required=True, help="the run's key in the JSON, e.g. lrt")
-  p.add_argument("--config", required=True, help="the config file the run used")
+  p.add_argument("--name", help="the run's key in the JSON, e.g. lrt")
+  p.add_argument("--config", help="the config file the run used")
   p.add_argument("--workdir", required=True)
   p.add_argument("--note", default="")
+  p.add_argument("--command", default="", help="the command as a user types it (default: "
+                 "python -m t2mlr_jax.main --config=CONFIG --workdir=WORKDIR)")
+  p.add_argument("--check_readme", action="store_true",
+                 help="exit 1 if the run's final sequence accuracy at any length is below "
+                      "the README's S5 row minus 0.01 (records nothing)")
   args = p.parse_args()
-  run = record(args.name, args.config, args.workdir, args.note)
-  print(json.dumps({args.name: {k: run[k] for k in ("params", "steps_run", "final_eval")}},
+  if args.check_readme:
+    from t2mlr_jax.train.metrics import read_metrics
+    below = check_readme(args.workdir)
+    final = read_metrics(args.workdir, "eval")[-1]["seq_acc_by_length"]
+    print(f"default job: {final} vs README {readme_row()}")
+    if below:
+      print("below the README: " + "; ".join(below), file=sys.stderr)
+      sys.exit(1)
+    return
+  if not (args.name and args.config):
+    p.error("--name and --config are needed to record a run")
+  run = record(args.name, args.config, args.workdir, args.note, args.command)
+  print(json.dumps({args.name: {k: run[k] for k in ("params", "steps_run", "wall_minutes",
+                                                      "final_eval")}},
                    indent=1))
 
 
