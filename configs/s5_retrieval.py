@@ -1,7 +1,7 @@
 """T2MLR on S5-Retrieval (SPEC §5-6): the library's embedded default job.
 
 Variants (`--config=configs/s5_retrieval.py:VARIANT`):
-  (default)  a CPU-sized run (17 min on 2 cores) on the group S3 that learns the state
+  (default)  a CPU-sized run (14 min on 2 cores) on the group S3 that learns the state
              and the lookup, see docs/experiments.md
   word       the plain word problem on S3 (the CPU length sweep)
   tiny       seconds on CPU, for tests
@@ -52,7 +52,7 @@ def get_config(variant: str = ""):
     c.train.update(num_steps=2000, batch_size=64, seq_len=16, eval_every=500,
                    checkpoint_every=500, log_every=50)
   elif variant == "":
-    # CPU default (17 min on 2 cores): the S5-Retrieval format on the group S3 with
+    # CPU default (14 min on 2 cores): the S5-Retrieval format on the group S3 with
     # one-character values (v=1) and 1-8 actions (curriculum from 2), evaluated up
     # to 16. D_f covers the recurrent span (2·8 + 1 tokens): exact caches in training.
     # For the first 2000 steps each example draws its actions from the subgroup Z2 or
