@@ -76,15 +76,15 @@ def readme_row(readme: str = os.path.join(ROOT, "README.md")) -> dict:
   raise ValueError(f"{readme} has no '| T2MLR (`s5_retrieval.py`)' row")
 
 
-def check_readme(workdir: str, slack: float = 0.01) -> list[str]:
-  """The lengths where the run's final exact sequence accuracy is below the README's
-  number minus `slack` (an empty list: the run reproduces the README)."""
+def check_readme(workdir: str, slack: float = 0.01) -> tuple[dict, list[str]]:
+  """(the run's final exact sequence accuracy by length, the lengths where it is below the
+  README's number minus `slack`: empty when the run reproduces the README)."""
   from t2mlr_jax.train.metrics import read_metrics
   final = read_metrics(workdir, "eval")[-1]["seq_acc_by_length"]
   want = readme_row()
-  return [f"{n} actions: not evaluated" if n not in final else
-          f"{n} actions: {final[n]:.4f} < README {want[n]:.2f} - {slack}"
-          for n in LENGTHS if n not in final or final[n] < want[n] - slack]
+  return final, [f"{n} actions: not evaluated" if n not in final else
+                 f"{n} actions: {final[n]:.4f} < README {want[n]:.2f} - {slack}"
+                 for n in LENGTHS if n not in final or final[n] < want[n] - slack]
 
 
 def record(name: str, config_path: str, workdir: str, note: str = "",
@@ -135,9 +135,7 @@ def main():
                       "the README's S5 row minus 0.01 (records nothing)")
   args = p.parse_args()
   if args.check_readme:
-    from t2mlr_jax.train.metrics import read_metrics
-    below = check_readme(args.workdir)
-    final = read_metrics(args.workdir, "eval")[-1]["seq_acc_by_length"]
+    final, below = check_readme(args.workdir)
     print(f"default job: {final} vs README {readme_row()}")
     if below:
       print("below the README: " + "; ".join(below), file=sys.stderr)

@@ -85,9 +85,10 @@ class Checkpointer:
         **{item: ocp.args.JsonRestore()}))
     return dict(restored[item])
 
-  def check_format(self, step: int) -> dict:
-    """The step's meta dict; refuses a format_version this library does not read."""
-    meta = self.read_json(step, "meta")
+  def check_format(self, step: int, meta: Optional[dict] = None) -> dict:
+    """The step's meta dict (read unless given); refuses a format_version this library
+    does not read."""
+    meta = self.read_json(step, "meta") if meta is None else meta
     if meta.get("format_version") != FORMAT_VERSION:
       raise ValueError(f"checkpoint {self.directory}/{step} has format_version="
                        f"{meta.get('format_version')!r}: this library reads format_version="

@@ -199,6 +199,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
         meta = ckpt.read_json(latest, "meta")
       except Exception as e:      # a damaged step: say which, and how to go on
         raise _unreadable(workdir, latest, ckpt, e) from e
+      ckpt.check_format(latest, meta)
       conflicts = config_lib.resume_conflicts(saved, config.to_dict())
       if conflicts:
         detail = ", ".join(f"{k}: saved {config_lib.flatten(saved).get(k)!r} vs now "
@@ -207,11 +208,9 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
                          f"(only {', '.join(config_lib.RESUME_MUTABLE)} may change): {detail}")
       _check_same_data_layout(meta, slots, workdir, latest)
       target = ckpt_lib.with_shardings(abstract_state(cfg, tx), shardings)
-      try:
+      try:                        # (its format is checked above)
         state = ckpt.restore(latest, target, data_iter)
       except Exception as e:
-        if isinstance(e, ValueError) and "format_version" in str(e):
-          raise
         raise _unreadable(workdir, latest, ckpt, e) from e
       writer.truncate_after(latest)
       _say(f"resumed from step {latest} in {workdir}")
