@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Optional
 
 from t2mlr_jax.config import LRTConfig, ModelConfig
+from t2mlr_jax.topologies import GENERATIONS
 
-# Dense peak FLOP/s per chip, for MFU (bf16 unless noted).
+# Dense peak FLOP/s per device, for MFU (bf16 unless noted): GPUs here, TPUs from the
+# topology table (per core on v2 / v3, whose devices are cores; per chip otherwise).
 PEAK_FLOPS = {
     "H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12,
-    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+    **{g.device_kind: g.peak_bf16_flops for g in GENERATIONS.values()},
 }
 
 
@@ -146,6 +147,8 @@ def peak_flops(device=None) -> Optional[float]:
   import jax
   device = device or jax.devices()[0]
   kind = getattr(device, "device_kind", "")
+  if kind in PEAK_FLOPS:            # exact first: "TPU v5" (v5p) is a prefix of "TPU v5 lite"
+    return PEAK_FLOPS[kind]
   for name, value in PEAK_FLOPS.items():
     if name.lower() in kind.lower():
       return value

@@ -52,10 +52,41 @@ def test_splash_falls_back_to_xla_below_its_block_and_auto_resolves_by_backend()
   np.testing.assert_array_equal(forward(params, cfg, tokens, mode="parallel"),
                                 forward(params, cfg.replace(attention="xla"), tokens,
                                         mode="parallel"))
-  assert kernels.resolve("auto", "float32", "cpu") == "xla"
-  assert kernels.resolve("auto", "bfloat16", "gpu") == "cudnn"
-  assert kernels.resolve("auto", "float32", "gpu") == "xla"
-  assert kernels.resolve("auto", "float32", "tpu") == "splash"
+  target = kernels.Target
+  assert kernels.resolve("auto", "float32", target("cpu")) == "xla"
+  assert kernels.resolve("auto", "bfloat16", target("gpu")) == "cudnn"
+  assert kernels.resolve("auto", "float32", target("gpu")) == "xla"
+  assert kernels.resolve("auto", "float32", target("tpu", "TPU v5 lite")) == "splash"
+  assert kernels.resolve("auto", "float32", target("tpu", "TPU v3")) == "xla"
+
+
+@pytest.mark.parametrize("recurrent", [False, True], ids=["mixed-window-scan", "t2mlr"])
+def test_splash_covers_local_windows(recurrent):
+  """nanochat's windowed layers run the kernel's band mask: a scan over layers of mixed
+  windows switches between one kernel per window (plain model), a segment of one window
+  passes it statically (T2MLR's one-layer segments); both equal xla."""
+  base = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
+              max_seq_len=T, window_pattern="SL", window_short=32,
+              recurrence=(T2MLRConfig(l_start=1, l_end=1, d_forward=2, d_backward=1)
+                          if recurrent else None))
+  xla, splash = ModelConfig(**base), ModelConfig(**base, attention="splash")
+  assert xla.layer_windows == (32, 128, 128)
+  params = init_params(xla, jax.random.PRNGKey(0))
+  tokens, cf, seg, targets = _batch()
+  side = dict(control_flow=cf, segment_ids=seg)
+  mode = "jacobi" if recurrent else "parallel"
+  a = forward(params, xla, tokens, mode=mode, **side)
+  b = forward(params, splash, tokens, mode=mode, **side)
+  valid = cf > 0
+  np.testing.assert_allclose(np.asarray(b)[valid], np.asarray(a)[valid], atol=2e-5)
+  if not recurrent:
+    text = jax.jit(lambda p: forward(p, splash, tokens, mode=mode, **side)).lower(
+        params).as_text()
+    assert "case" in text or "conditional" in text      # the per-window switch
+    grad = lambda cfg: jax.grad(lambda p: loss(p, cfg, tokens, mode=mode, targets=targets,
+                                               **side))(params)
+    for x, y in zip(jax.tree.leaves(grad(splash)), jax.tree.leaves(grad(xla))):
+      np.testing.assert_allclose(x, y, atol=2e-5)
 
 
 def test_attention_field_is_validated():
@@ -63,6 +94,9 @@ def test_attention_field_is_validated():
     ModelConfig(attention="flash")
   with pytest.raises(ValueError, match="attention='cudnn' is invalid: .*cudnn needs a GPU"):
     kernels.check_available("cudnn", "float32")
+  with pytest.raises(ValueError, match="attention='splash' is invalid: .*splash is a TPU "
+                     "kernel"):
+    kernels.resolve("splash", "bfloat16", kernels.Target("gpu", "NVIDIA H200"))
 
 
 @pytest.mark.slow

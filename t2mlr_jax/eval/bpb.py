@@ -44,13 +44,15 @@ def evaluate_bpb(params, cfg, batches, token_bytes_V, mode: str = "exact", mesh=
   fixed batches (input_ids, target_ids, positions, ...) under one forward mode; with a
   mesh, each batch split over its batch axes like a training batch."""
   from t2mlr_jax.data.pipeline import OPTIONAL_PAD_VALUES, PAD_VALUES
-  from t2mlr_jax.eval.runner import to_host
+  from t2mlr_jax.eval.runner import for_mesh, mesh_context, to_host
   from t2mlr_jax.sharding import shard_eval_batch
   token_bytes_V = jnp.asarray(token_bytes_V, jnp.int32)
   nll_sum, count, nats, nbytes = 0.0, 0, 0.0, 0
+  cfg = for_mesh(cfg, mesh)
   for batch in batches:
     arrays, _ = shard_eval_batch(batch, mesh, {**PAD_VALUES, **OPTIONAL_PAD_VALUES})
-    out = _bpb_batch(params, arrays, token_bytes_V, cfg, mode)
+    with mesh_context(mesh):
+      out = _bpb_batch(params, arrays, token_bytes_V, cfg, mode)
     a, b, c, d = (to_host(x) for x in out)
     nll_sum, count = nll_sum + float(a), count + int(b)
     nats, nbytes = nats + float(c), nbytes + int(d)

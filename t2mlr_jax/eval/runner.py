@@ -20,6 +20,21 @@ def _eval_batch(params, batch, cfg, mode):
   return jnp.argmax(logits, -1), jnp.sum(nll), jnp.sum(valid)
 
 
+def for_mesh(cfg, mesh):
+  """cfg with its attention kernel resolved for the mesh's devices (unchanged without a
+  mesh, or for the LSTM)."""
+  from t2mlr_jax.model.kernels import for_devices
+  return cfg if mesh is None else for_devices(cfg, mesh.devices.flat)
+
+
+def mesh_context(mesh):
+  """The mesh's abstract form in context while a step traces (its batch axes for the
+  activation constraints, its devices' kind for the kernels); nothing without a mesh."""
+  import contextlib
+  return (contextlib.nullcontext() if mesh is None
+          else jax.sharding.use_abstract_mesh(mesh.abstract_mesh))
+
+
 def to_host(x) -> np.ndarray:
   """x as a NumPy array on every process, also when it is sharded over devices of other
   processes (a multi-host run): gathered with multihost_utils then."""
@@ -37,9 +52,11 @@ def evaluate(params, cfg: AnyModelConfig, batches, metrics_factory, mode: str = 
   from t2mlr_jax.sharding import shard_eval_batch
   acc = metrics_factory()
   nll_sum, count = 0.0, 0
+  cfg = for_mesh(cfg, mesh)
   for batch in batches:
     arrays, rows = shard_eval_batch(batch, mesh, {**PAD_VALUES, **OPTIONAL_PAD_VALUES})
-    pred, nll, n = _eval_batch(params, arrays, cfg, mode)
+    with mesh_context(mesh):
+      pred, nll, n = _eval_batch(params, arrays, cfg, mode)
     acc.update(to_host(pred)[:rows], batch)
     nll_sum += float(to_host(nll))
     count += int(to_host(n))

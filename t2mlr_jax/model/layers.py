@@ -232,7 +232,7 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None, mix=None,
-               segments=None):
+               segments=None, window=None):
     cfg = self.cfg
     dt = compute_dtype(cfg)
     N, Nk, K = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -257,7 +257,7 @@ class Attention(nn.Module):
       else:                 # a fused kernel (model/kernels.py), causal within segments
         from t2mlr_jax.model import kernels
         out = kernels.attend_full(kernels.resolve(cfg.attention, cfg.dtype), q, k, v,
-                                  mask_BTS, segments)
+                                  mask_BTS, segments, window, cfg.layer_windows or ())
     elif kv.k.ndim == 4:    # rows `index` of a full-length buffer [B, S, N_kv, K] rewritten
       kv = KV(kv.k.at[:, index].set(k.astype(kv.k.dtype)),
               kv.v.at[:, index].set(v.astype(kv.v.dtype)))
@@ -405,8 +405,8 @@ class Block(nn.Module):
       mix = memory.mixer(h, side, ve)
     elif ve is not None:
       mix = value_embed_mixer(cfg, h, *ve)
-    a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index, mix,
-                                            segments if window is None else None)
+    a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index, mix, segments,
+                                            window)
     x = x + a
     h = norm(cfg, "mlp_norm")(x)
     return x + MLP(cfg, name="mlp")(h), kv_out
