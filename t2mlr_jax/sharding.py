@@ -2,7 +2,8 @@
 
 Every parameter kind has a row of logical axes; logical axes map to mesh axes.
 A dimension its mesh axis does not divide (e.g. 9 heads on tensor=2) is
-replicated instead. Optimizer state mirrors the parameters: any leaf whose path
+replicated instead; the 'fsdp' axis then tries the array's other dimensions first
+(`spec_for`). Optimizer state mirrors the parameters: any leaf whose path
 ends in a parameter path gets that parameter's spec; everything else (step
 counters, scalars) is replicated.
 """
@@ -65,11 +66,23 @@ def make_mesh(shape: Mapping[str, int], devices: Optional[Sequence[Any]] = None)
                      f"{len(devices)} (use -1 for one axis)")
   shape_ = [sizes[a] for a in MESH_AXES]
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-  if len(devices) == len(jax.devices()) and set(devices) == set(jax.devices()):
-    # topology-aware device order on TPU/GPU (ICI-local axes last); Auto axes keep
-    # sharding propagation as with the plain Mesh
+  slices = len({getattr(d, "slice_index", 0) for d in devices})
+  if slices > 1:
+    # several slices (DCN between them): 'data' spans the slices, the rest each slice
+    if sizes["data"] % slices:
+      raise ValueError(f"mesh.data={sizes['data']} is invalid over {slices} slices: allowed "
+                       f"multiples of {slices} (the data axis spans the slices)")
+    from jax.experimental import mesh_utils
+    ici = [sizes["data"] // slices, sizes["fsdp"], sizes["tensor"]]
+    grid = mesh_utils.create_hybrid_device_mesh(ici, [slices, 1, 1], devices=devices)
+    return Mesh(grid, MESH_AXES, axis_types=auto)
+  # the topology-aware device order on TPU/GPU (ICI-local axes last), for any device list;
+  # Auto axes keep sharding propagation as with the plain Mesh
+  try:
     return jax.make_mesh(shape_, MESH_AXES, axis_types=auto, devices=devices)
-  return Mesh(np.asarray(devices).reshape(shape_), MESH_AXES, axis_types=auto)
+  except (ValueError, NotImplementedError, AssertionError):
+    # a device subset the topology-aware order cannot tile: keep the given order
+    return Mesh(np.asarray(devices).reshape(shape_), MESH_AXES, axis_types=auto)
 
 
 def _path_str(path) -> str:
@@ -88,7 +101,11 @@ def _logical_size(cfg: Optional[ModelConfig], logical: str, dim_size: int) -> in
 
 def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
              cfg: Optional[ModelConfig] = None) -> P:
-  """The PartitionSpec of one array from the rule table (replicated if no rule)."""
+  """The PartitionSpec of one array from the rule table (replicated if no rule).
+
+  FSDP's fallback: when the 'fsdp' axis does not divide the dimension the table gives it
+  (576 on 256 devices), it shards the first other dimension it divides (never the
+  stacked layers', which the layer scan slices), replicating only when none does."""
   for pattern, logical_axes in PARAM_RULES:
     if re.search(pattern, path) and len(logical_axes) == len(shape):
       axes = []
@@ -98,8 +115,36 @@ def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
         count = _logical_size(cfg, logical, size) if logical else size
         ok = mesh_axis is not None and n > 1 and count % n == 0 and size % n == 0
         axes.append(mesh_axis if ok else None)
+      wanted = [LOGICAL_TO_MESH.get(lg) if lg else None for lg in logical_axes]
+      n = mesh.shape["fsdp"] if "fsdp" in mesh.shape else 1
+      if n > 1 and "fsdp" in wanted and "fsdp" not in axes:
+        for i, (logical, size) in enumerate(zip(logical_axes, shape)):
+          if axes[i] is None and logical != "layers" and size % n == 0:
+            axes[i] = "fsdp"
+            break
       return P(*axes)
   return P()
+
+
+def replicated_bytes(tree, shardings) -> tuple[int, int]:
+  """(bytes stored whole on every device, total bytes) of a tree of arrays or shapes
+  and its shardings: what FSDP could not split."""
+  rep = total = 0
+  for leaf, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+    nbytes = math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+    total += nbytes
+    if all(ax is None for ax in tuple(sh.spec)) and sh.mesh.size > 1:
+      rep += nbytes
+  return rep, total
+
+
+def per_device_bytes(tree, shardings) -> int:
+  """Bytes one device holds of a tree placed with `shardings` (the largest shard)."""
+  out = 0
+  for leaf, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+    shard = sh.shard_shape(tuple(leaf.shape))
+    out += math.prod(shard) * np.dtype(leaf.dtype).itemsize
+  return out
 
 
 def tree_shardings(tree, mesh: Mesh, cfg: Optional[ModelConfig] = None):
