@@ -25,12 +25,14 @@ def token_nll(logits_BTV, labels_BT, mask_BT=None):
   return jnp.where(valid, nll, 0.0), valid
 
 
-def cross_entropy(logits_BTV, labels_BT, mask_BT=None):
+def cross_entropy(logits_BTV, labels_BT, mask_BT=None, total=None):
   """Mean CE over supervised positions; returns (mean loss, number of supervised tokens).
-  Label shift 0: position t is scored against labels[t]."""
+  Label shift 0: position t is scored against labels[t]. total: divide the summed CE by
+  this token count instead of this batch's own (gradient accumulation passes the whole
+  batch's, so the microbatches' losses add up to the batch's mean)."""
   nll, valid = token_nll(logits_BTV, labels_BT, mask_BT)
   count = jnp.sum(valid)
-  return jnp.sum(nll) / jnp.maximum(count, 1), count
+  return jnp.sum(nll) / jnp.maximum(count if total is None else total, 1), count
 
 
 def next_token_labels(tokens_BT, mask_BT=None):
@@ -48,12 +50,13 @@ def next_token_labels(tokens_BT, mask_BT=None):
   return labels
 
 
-def chunked_cross_entropy(head_fn, y_BTD, labels_BT, chunk: int):
+def chunked_cross_entropy(head_fn, y_BTD, labels_BT, chunk: int, total=None):
   """`cross_entropy(head_fn(y), labels)` computed `chunk` positions at a time: the same
   value and gradient, but only [B, chunk, V] logits live at once, in the forward and
   (each chunk rematerialised) in the backward, instead of [B, T, V] fp32.
 
-  head_fn: y [B, c, D] -> logits [B, c, V] (closing over its parameters)."""
+  head_fn: y [B, c, D] -> logits [B, c, V] (closing over its parameters). total: as in
+  `cross_entropy`."""
   if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
     raise ValueError(f"loss_chunk={chunk!r} is invalid: allowed an integer >= 1")
   B, T, D = y_BTD.shape
@@ -74,6 +77,6 @@ def chunked_cross_entropy(head_fn, y_BTD, labels_BT, chunk: int):
     total, count = one(*xs)
     return (carry[0] + total, carry[1] + count), None
 
-  (total, count), _ = jax.lax.scan(
+  (nll_sum, count), _ = jax.lax.scan(
       body, (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)), (y_NBCD, labels_NBC))
-  return total / jnp.maximum(count, 1), count
+  return nll_sum / jnp.maximum(count if total is None else total, 1), count

@@ -37,7 +37,7 @@ def apply_model(params, cfg: AnyModelConfig, batch, mode: str, **mode_options):
 
 def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_mask=None,
          control_flow=None, positions=None, segment_ids=None, return_aux: bool = False,
-         loss_chunk: Optional[int] = None, **mode_options):
+         loss_chunk: Optional[int] = None, token_totals=None, **mode_options):
   """The training loss of any model under `mode` (a scalar; with return_aux, (loss, aux)).
 
   targets=None: next-token labels (position t predicts token t+1; the last position is
@@ -52,6 +52,9 @@ def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_m
   see `forward` (and refine_weights, multi_refine's loss weights).
   loss_chunk: apply the LM head and the CE `loss_chunk` positions at a time (the same
   value and gradient without materialising [B, T, V] logits; parallel / exact / jacobi).
+  token_totals: `loss_token_totals` of a larger batch this one is a part of: every mean
+  divides by those counts instead of this batch's, so the parts' losses and gradients
+  add up to the whole batch's (gradient accumulation).
   """
   tokens = jnp.asarray(tokens)
   if targets is None:
@@ -76,35 +79,56 @@ def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_m
     y, aux = hidden_states(params, cfg, tokens, mode=mode, control_flow=control_flow,
                            positions=positions, segment_ids=segment_ids, **mode_options)
     value, count = chunked_cross_entropy(lambda y_c: head(params, cfg, y_c), y, labels,
-                                         loss_chunk)
+                                         loss_chunk, _total(token_totals, 0))
     aux = {**aux, "supervised_tokens": count}
     return (value, aux) if return_aux else value
   logits, aux = apply_model(params, cfg, batch, mode, **mode_options)
   aux = dict(aux)
   if "pass_logits" in aux:
     value, aux["per_pass_losses"] = _pass_losses(cfg, mode, aux.pop("pass_logits"), labels,
-                                                 mode_options)
+                                                 mode_options, token_totals)
     count = jnp.sum(supervised(labels))
   else:
-    value, count = cross_entropy(logits, labels)
+    value, count = cross_entropy(logits, labels, total=_total(token_totals, 0))
   aux["supervised_tokens"] = count
   return (value, aux) if return_aux else value
 
 
-def _pass_losses(cfg, mode, pass_logits, labels, given):
+def _total(totals, i):
+  return None if totals is None else totals[i]
+
+
+def _pass_losses(cfg, mode, pass_logits, labels, given, totals=None):
   """(loss, per-pass losses) of an LRT training schedule's passes (see `loss`)."""
   from t2mlr_jax.model.interleaved import pass_positions
   from t2mlr_jax.model.modes import mode_options
   opts = mode_options(cfg, mode, labels.shape[1], **given)
   if mode == "multi_refine":
-    per_pass = jax.vmap(lambda lg: cross_entropy(lg, labels)[0])(pass_logits)
+    per_pass = jax.vmap(lambda lg: cross_entropy(lg, labels, total=_total(totals, 0))[0])(
+        pass_logits)
     w = jnp.asarray(opts["refine_weights"] or (1.0,) * per_pass.shape[0], jnp.float32)
     return jnp.sum(w * per_pass) / jnp.sum(w), per_pass
   sets = pass_positions(labels.shape[1], opts["passes"], mode)
-  losses = [cross_entropy(pass_logits[0], labels)[0]]
-  losses += [cross_entropy(lg, labels[:, P])[0] for lg, P in zip(pass_logits[1:], sets)]
+  losses = [cross_entropy(pass_logits[0], labels, total=_total(totals, 0))[0]]
+  losses += [cross_entropy(lg, labels[:, P], total=_total(totals, i + 1))[0]
+             for i, (lg, P) in enumerate(zip(pass_logits[1:], sets))]
   per_pass = jnp.stack(losses)
   return jnp.mean(per_pass), per_pass
+
+
+def loss_token_totals(cfg: AnyModelConfig, mode: str, labels_BT, **mode_options):
+  """The supervised-token counts `loss` divides by, from the labels alone (the library's
+  rule: negative = not supervised): [S+1] for LRT's interleaved / chunked passes (pass 0
+  over every position, pass p over its own positions), else [1]."""
+  labels_BT = jnp.asarray(labels_BT)
+  total = jnp.sum(supervised(labels_BT))
+  if mode not in ("interleaved", "chunked") or not isinstance(cfg, ModelConfig):
+    return total[None]
+  from t2mlr_jax.model.interleaved import pass_positions
+  from t2mlr_jax.model.modes import mode_options as resolve_options
+  opts = resolve_options(cfg, mode, labels_BT.shape[1], **mode_options)
+  sets = pass_positions(labels_BT.shape[1], opts["passes"], mode)
+  return jnp.stack([total] + [jnp.sum(supervised(labels_BT[:, P])) for P in sets])
 
 
 def num_params(cfg: AnyModelConfig) -> int:

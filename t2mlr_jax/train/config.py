@@ -28,7 +28,8 @@ BACKBONE_FIELDS = ("norm_scale", "embed_norm", "qk_norm", "mlp_type", "logit_sof
                    "rope_table_dtype", "attention")
 # Fields a resumed run may change; any other difference is refused.
 RESUME_MUTABLE = ("model.attention", "train.stop_after_steps", "train.resume_step",
-                  "train.eval_every", "train.checkpoint_every", "train.log_every")
+                  "train.eval_every", "train.checkpoint_every", "train.log_every",
+                  "train.grad_accum_steps")
 
 
 def base_config() -> config_dict.ConfigDict:
@@ -97,7 +98,8 @@ def base_config() -> config_dict.ConfigDict:
       mode="auto",                # forward mode of training (auto: the type's default)
       max_to_keep=3,              # checkpoints kept
       async_checkpointing=True,
-      loss_chunk=config_dict.placeholder(int))        # head + CE this many positions at a time
+      loss_chunk=config_dict.placeholder(int),        # head + CE this many positions at a time
+      grad_accum_steps=1)         # microbatches per optimizer step (the batch split in k)
   # name "adamw": lr, b1, b2, eps, weight_decay; "muon" (train/optimizer.py): matrix_lr,
   # embedding_lr, unembedding_lr, scalar_lr, adam_b1/b2/eps, muon_momentum, weight_decay
   # (the matrices'), dmodel_lr_scale. Both: warmup/min_lr_frac, grad_clip, recurrence_lr_mult.
@@ -273,6 +275,11 @@ def validate(config):
     value = t[field]
     if not isinstance(value, int) or value < 1:
       _fail(f"train.{field}", value, "an integer >= 1")
+  k = t.get("grad_accum_steps", 1)
+  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    _fail("train.grad_accum_steps", k, "an integer >= 1 (microbatches per optimizer step)")
+  if t.batch_size % k:
+    _fail("train.batch_size", t.batch_size, f"multiples of train.grad_accum_steps={k}")
   if t.get("resume_step") is not None and not (isinstance(t.resume_step, int)
                                               and 1 <= t.resume_step <= t.num_steps):
     _fail("train.resume_step", t.resume_step, f"None or a saved step in [1, train.num_steps="

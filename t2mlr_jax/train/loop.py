@@ -26,7 +26,8 @@ from t2mlr_jax.train import config as config_lib
 from t2mlr_jax.train import tasks as tasks_lib
 from t2mlr_jax.train.metrics import MetricsWriter, Progress
 from t2mlr_jax.train.optimizer import make_optimizer
-from t2mlr_jax.train.step import abstract_state, create_state, make_train_step, state_shardings
+from t2mlr_jax.train.step import (abstract_state, check_batch, create_state, make_train_step,
+                                  state_shardings)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -154,9 +155,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   tasks_lib.validate_data(config, task)
   t = config.train
   mesh = sharding.make_mesh(dict(config.mesh))
-  if t.batch_size % sharding.batch_divisor(mesh):
-    raise ValueError(f"config field train.batch_size={t.batch_size} is invalid: allowed "
-                     f"multiples of mesh data*fsdp={sharding.batch_divisor(mesh)}")
+  check_batch(t.batch_size, t.get("grad_accum_steps", 1), mesh)
   mode = config_lib.train_mode(config, cfg)
   tx, schedule = make_optimizer(config.optimizer, t.num_steps, getattr(cfg, "d_model", None))
   is_main = jax.process_index() == 0
@@ -222,7 +221,8 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
     if is_main:
       _record_run(workdir, config)
 
-    train_step = make_train_step(cfg, tx, schedule, mode, mesh, t.get("loss_chunk"))
+    train_step = make_train_step(cfg, tx, schedule, mode, mesh, t.get("loss_chunk"),
+                                 t.get("grad_accum_steps", 1))
     data_sharding = sharding.batch_sharding(mesh)
     eval_batches = None
     step = int(jax.device_get(state.step))

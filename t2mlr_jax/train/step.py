@@ -19,7 +19,9 @@ import optax
 
 from t2mlr_jax import sharding
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.model.api import AnyModelConfig, init_model, loss as model_loss
+from t2mlr_jax.model import kernels
+from t2mlr_jax.model.api import (AnyModelConfig, init_model, loss as model_loss,
+                                   loss_token_totals)
 
 class TrainState(flax.struct.PyTreeNode):
   step: jnp.ndarray           # int32 scalar: updates applied
@@ -29,6 +31,7 @@ class TrainState(flax.struct.PyTreeNode):
 
 
 def abstract_state(cfg: AnyModelConfig, tx, rng=None):
+  """The train state's shapes and dtypes (`jax.eval_shape`: nothing is allocated)."""
   rng = jax.random.PRNGKey(0) if rng is None else rng
   return jax.eval_shape(lambda r: _fresh_state(cfg, tx, r), rng)
 
@@ -45,6 +48,7 @@ def create_state(cfg: AnyModelConfig, tx, rng, mesh):
 
 
 def state_shardings(cfg: AnyModelConfig, tx, mesh):
+  """NamedShardings of every train-state leaf over `mesh` (the partition-spec table)."""
   model_cfg = cfg if isinstance(cfg, ModelConfig) else None
   return sharding.tree_shardings(abstract_state(cfg, tx), mesh, model_cfg)
 
@@ -77,24 +81,103 @@ def _schedule_metrics(aux: dict) -> dict:
   return aux
 
 
-def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
-                    loss_chunk: Optional[int] = None):
-  """jit(state, batch) -> (state, metrics); the state buffer is donated. loss_chunk: the
-  LM head and CE a chunk of positions at a time (see `model.api.loss`)."""
+# How each metric of a schedule's aux is reduced over the microbatches of one step under
+# gradient accumulation: the losses are token-weighted over the whole batch (each
+# microbatch's is divided by the whole batch's counts, so they add up), the sweeps run and
+# the Jacobi residual are the largest any microbatch saw, the rest (gate means) the mean.
+ACCUM_SUM = ("per_pass_losses",)
+ACCUM_MAX = ("jacobi_residual", "jacobi_sweeps")
 
-  def loss_fn(params, batch):
+
+def check_batch(batch_size: int, grad_accum_steps: int, mesh) -> None:
+  """Refuse a global batch the accumulation steps or the mesh's batch axes do not divide,
+  naming the fields."""
+  k = grad_accum_steps
+  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    raise ValueError(f"config field train.grad_accum_steps={k!r} is invalid: allowed an "
+                     "integer >= 1 (microbatches per optimizer step)")
+  if batch_size % k:
+    raise ValueError(f"config field train.batch_size={batch_size} is invalid with "
+                     f"train.grad_accum_steps={k}: allowed multiples of {k}")
+  n = sharding.batch_divisor(mesh)
+  if (batch_size // k) % n:
+    what = (f"the microbatch train.batch_size / train.grad_accum_steps = {batch_size // k}"
+            if k > 1 else f"train.batch_size={batch_size}")
+    raise ValueError(f"config field {what} is invalid: allowed multiples of mesh "
+                     f"data*fsdp={n} (each microbatch is split over the batch axes)")
+
+
+def _microbatches(batch: dict, k: int) -> dict:
+  """[B, ...] -> [k, B/k, ...] with microbatch j = rows j, j+k, j+2k, ...: each device's
+  contiguous block of rows holds B/(k·n) rows of every microbatch, so splitting moves no
+  data between devices."""
+  def split(a):
+    a = a.reshape(a.shape[0] // k, k, *a.shape[1:])
+    return jnp.swapaxes(a, 0, 1)
+  return jax.tree.map(split, batch)
+
+
+def _reduce_aux(aux: dict) -> dict:
+  """Per-microbatch aux [k, ...] -> one step's (ACCUM_SUM / ACCUM_MAX / mean)."""
+  out = {}
+  for key, v in aux.items():
+    if key in ACCUM_SUM:
+      out[key] = jnp.sum(v, axis=0)
+    elif key in ACCUM_MAX:
+      out[key] = jnp.max(v, axis=0)
+    else:
+      out[key] = jnp.mean(v.astype(jnp.float32), axis=0)
+  return out
+
+
+def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
+                    loss_chunk: Optional[int] = None, grad_accum_steps: int = 1):
+  """jit(state, batch) -> (state, metrics); the state buffer is donated. loss_chunk: the
+  LM head and CE a chunk of positions at a time (see `model.api.loss`). grad_accum_steps
+  k > 1: the batch runs as k microbatches in a `lax.scan`, their fp32 gradients summed
+  into one update; the loss keeps its meaning (token-weighted over the whole batch; for
+  LRT each pass's mean over the whole batch, then its weighting), so the update equals
+  the one-shot step's to fp32 rounding (with a Jacobi tolerance each microbatch stops
+  on its own). The attention kernel is resolved for the mesh's devices here, once."""
+  if isinstance(cfg, ModelConfig):
+    cfg = kernels.for_devices(cfg, mesh.devices.flat)
+  k = grad_accum_steps
+
+  def loss_fn(params, batch, totals=None):
     value, aux = model_loss(
         params, cfg, batch["input_ids"], mode=mode, targets=batch["target_ids"],
         control_flow=batch.get("control_flow"), positions=batch.get("positions"),
-        segment_ids=batch.get("segment_ids"), return_aux=True, loss_chunk=loss_chunk)
+        segment_ids=batch.get("segment_ids"), return_aux=True, loss_chunk=loss_chunk,
+        token_totals=totals)
     count = aux.pop("supervised_tokens")
     return value, (_schedule_metrics(aux), count)
 
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def accumulated(params, batch):
+    totals = loss_token_totals(cfg, mode, batch["target_ids"])
+
+    def body(carry, micro):
+      micro = jax.tree.map(sharding.constrain_batch, micro)
+      (loss, (aux, count)), grads = grad_fn(params, micro, totals)
+      g_sum, l_sum, c_sum = carry
+      g_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), g_sum, grads)
+      return (g_sum, l_sum + loss, c_sum + count), aux
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+    (grads, loss, count), auxs = jax.lax.scan(body, init, _microbatches(batch, k))
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    return (loss, (_reduce_aux(auxs), count)), grads
+
   def step(state: TrainState, batch):
-    # the mesh's axes visible to the model's activation constraints (sharding.constrain_batch)
+    # the mesh's axes (and devices' kind) visible to the model's activation constraints
+    # (sharding.constrain_batch) and kernel choice (kernels.target)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      (loss, (aux, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params,
-                                                                               batch)
+      if k == 1:
+        (loss, (aux, count)), grads = grad_fn(state.params, batch)
+      else:
+        (loss, (aux, count)), grads = accumulated(state.params, batch)
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
