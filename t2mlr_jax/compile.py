@@ -1,0 +1,68 @@
+"""Compile a config's steps for a TPU topology on any host, before paying for the slice:
+`python -m t2mlr_jax.compile --config=configs/fineweb_135m.py --topology=v5e-256`.
+
+Builds the train step as the trainer does for that config (the same state shardings,
+donated state, batch shapes, mode, gradient accumulation and kernel choice) over the
+topology's compile-only devices (libtpu: `pip install "jax[tpu]==<the installed jax>"`),
+runs the real TPU compiler, and prints per device (a chip; a core on v2 / v3): the state
+(sharded and replicated parts), temporaries, outputs, their total against the HBM, the
+collectives and Mosaic kernels in the program, and the cost model's FLOPs with the step
+time they take at the chip's peak (a floor). `--steps=train,eval,decode` adds the exact
+eval step and generate's decode step. Nothing is trained or written besides --output.
+
+Exit status: 0 when every step fits, 3 when one does not (the compiler's out-of-memory
+error, or the total above the HBM), 2 for a bad config or topology.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+# several compiling processes may load libtpu at once (it locks /tmp/libtpu_lockfile)
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+if "JAX_PLATFORMS" not in os.environ:
+  # compile-only TPU devices come from libtpu; the host computes nothing but stays on CPU
+  # (libtpu's complaints about missing chips are then harmless)
+  import jax
+  jax.config.update("jax_platforms", "cpu")
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
+                                          lock_config=False)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice: a name such as v5e-16, v4-32, "
+                                "v5p-64, v6e-256 or JAX's GEN:AxB[xC] (e.g. v5e:4x4)")
+_NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "slices joined over DCN (mesh.data spans "
+                                   "them)")
+_STEPS = flags.DEFINE_string("steps", "train", "comma-separated: train, eval, decode")
+_OUTPUT = flags.DEFINE_string("output", None, "write the report as JSON to this file")
+flags.mark_flags_as_required(["config", "topology"])
+
+EXIT_FITS, EXIT_USAGE, EXIT_DOES_NOT_FIT = 0, 2, 3
+
+
+def main(argv):
+  del argv
+  from t2mlr_jax import aot as compile_report
+  steps = tuple(s.strip() for s in _STEPS.value.split(",") if s.strip())
+  report = compile_report.compile_config(_CONFIG.value, _TOPOLOGY.value, steps=steps,
+                                         num_slices=_NUM_SLICES.value, log=_say)
+  print(compile_report.format_report(report))
+  if _OUTPUT.value:
+    with open(_OUTPUT.value, "w") as f:
+      json.dump(report, f, indent=2)
+  sys.exit(EXIT_FITS if report["fits"] else EXIT_DOES_NOT_FIT)
+
+
+def _say(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+  from t2mlr_jax import cli
+  cli.run(main)
