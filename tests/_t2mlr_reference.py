@@ -1,9 +1,10 @@
-"""T2MLR outputs on a tiny model, computed by the public API, for a bitwise guard.
+"""T2MLR and LRT outputs on tiny models, computed by the public API, for a bitwise guard.
 
 `tests/fixtures/t2mlr_reference.npz` holds the parameters and tokens, and
-`t2mlr_reference.json` a SHA-256 digest (with dtype, shape and max |x|) of every output
-this module computed before the recurrence interface was introduced (commit 9fc3e0d):
-the logits, aux, losses and gradients of every mode plus generate.
+`t2mlr_reference.json` a SHA-256 digest (with dtype, shape and max |x|) of every output:
+T2MLR's as this module computed them before the recurrence interface was introduced
+(commit 9fc3e0d), LRT's as of commit 5f36796 (before the schedules share that
+interface): the logits, aux, losses and gradients of every mode plus generate.
 `test_t2mlr_reference.py` recomputes them with today's code from the stored parameters
 and asks for equality bit for bit, so a refactor of the modes cannot move T2MLR's numbers.
 
@@ -24,7 +25,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import traverse_util  # noqa: E402
 
-from t2mlr_jax import ModelConfig, T2MLRConfig, forward, generate  # noqa: E402
+from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig, forward, generate, loss  # noqa: E402
+from t2mlr_jax import init_params  # noqa: E402
 from _util import active_params  # noqa: E402
 
 B, T = 3, 12
@@ -48,6 +50,58 @@ def configs():
       "remat": ModelConfig(**base, remat="full", recurrence=T2MLRConfig(
           l_start=1, l_end=-1, cache_norm="rmsnorm", d_forward=6, d_backward=3)),
   }
+
+
+def lrt_configs():
+  """name -> ModelConfig of LRT: layerwise feedback from the final state on a Llama-style
+  backbone, and the shared projection from layer 1 on nanochat's backbone (windows,
+  QK-norm, relu², softcap, α/β, value embeddings) with the kv refresh."""
+  base = dict(vocab_size=37, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=64,
+              max_seq_len=64, rope_theta=10000.0)
+  nanochat = dict(norm_scale=False, embed_norm=True, qk_norm=True, mlp_type="relu2",
+                  logit_softcap=15.0, resid_lambdas=True, x0_lambdas=True,
+                  window_pattern="SL", window_short=4, tie_embeddings=False)
+  return {
+      "lrt_layerwise": ModelConfig(**base, recurrence=LRTConfig(
+          source_layer=-1, passes=2, gate_channels=16, refine_passes=2)),
+      "lrt_shared_nanochat": ModelConfig(**base, **nanochat, recurrence=LRTConfig(
+          source_layer=1, projection="shared", passes=3, kv_refresh=True, gate_channels=8,
+          refine_passes=3, refine_weights=(1.0, 0.5, 0.5, 2.0))),
+  }
+
+
+def compute_lrt(name, cfg, params, tokens):
+  """LRT's outputs: every mode's logits and aux, each training schedule's loss (per-pass
+  losses too) and every gradient, and generate with left padding."""
+  out = {}
+  labels = np.concatenate([tokens[:, 1:], np.full((B, 1), -1, np.int32)], axis=1)
+  labels = np.where(CF > 0, labels, -1)
+  side = dict(control_flow=CF, positions=POS)
+  for mode in ("parallel", "exact", "interleaved", "chunked", "multi_refine"):
+    logits, aux = forward(params, cfg, tokens, mode=mode, return_aux=True, **side)
+    out[mode] = logits
+    for k, v in aux.items():
+      if isinstance(v, (list, tuple)):        # the passes' logits, one array a pass
+        out.update({f"{mode}_aux/{k}/{i}": a for i, a in enumerate(v)})
+      else:
+        out[f"{mode}_aux/{k}"] = v
+  out["exact_segments"] = forward(params, cfg, tokens, mode="exact", segment_ids=SEG)
+  for mode in ("interleaved", "chunked", "multi_refine"):
+    def value(p, mode=mode):
+      return loss(p, cfg, tokens, mode=mode, targets=labels, return_aux=True, **side)
+    (v, aux), grads = jax.value_and_grad(value, has_aux=True)(params)
+    out[f"{mode}_loss"] = v
+    out[f"{mode}_loss/per_pass_losses"] = aux["per_pass_losses"]
+    for k, g in traverse_util.flatten_dict(grads, sep="/").items():
+      out[f"{mode}_grad/{k}"] = g
+  prompt = tokens[:, :6]
+  for pcf in (1, 2):
+    toks, step_logits = generate(params, cfg, prompt, max_new_tokens=4,
+                                 prompt_lengths=[6, 5, 3], prompt_control_flow=pcf,
+                                 return_logits=True)
+    out[f"generate_cf{pcf}/tokens"] = toks
+    out[f"generate_cf{pcf}/logits"] = step_logits
+  return {f"{name}/{k}": np.asarray(v) for k, v in out.items()}
 
 
 def _ce(logits, labels):
@@ -94,6 +148,8 @@ def compute(name, cfg, params, tokens):
 
 
 def reference_params(name, cfg):
+  if isinstance(cfg.recurrence, LRTConfig):      # the release's init: feedback paths on
+    return init_params(cfg, jax.random.PRNGKey(len(name)))
   return active_params(cfg, seed=len(name))
 
 
@@ -101,7 +157,7 @@ def compute_all(stored_params=None):
   """All outputs; parameters from `stored_params` ({name: flat dict}) when given."""
   tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(3), (B, T), 0, 37), np.int32)
   arrays = {"tokens": tokens}
-  for name, cfg in configs().items():
+  for name, cfg in {**configs(), **lrt_configs()}.items():
     if stored_params is None:
       params = reference_params(name, cfg)
     else:
@@ -109,7 +165,8 @@ def compute_all(stored_params=None):
           {tuple(k.split("/")): jnp.asarray(v) for k, v in stored_params[name].items()})
     for k, v in traverse_util.flatten_dict(params, sep="/").items():
       arrays[f"params/{name}/{k}"] = np.asarray(v)
-    arrays.update(compute(name, cfg, params, tokens))
+    run = compute_lrt if isinstance(cfg.recurrence, LRTConfig) else compute
+    arrays.update(run(name, cfg, params, tokens))
   return arrays
 
 

@@ -1,5 +1,7 @@
 """Refactor guard: T2MLR's outputs equal, bit for bit, what the code computed before the
-recurrence interface existed (tests/fixtures/t2mlr_reference.*, `_t2mlr_reference.py`)."""
+recurrence interface existed, and LRT's (every mode, schedule loss and gradient, left-
+padded generate) what it computed before the schedules shared that interface
+(tests/fixtures/t2mlr_reference.*, `_t2mlr_reference.py`)."""
 
 import json
 import os
@@ -12,7 +14,7 @@ import _t2mlr_reference as ref
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "t2mlr_reference")
 
 
-@pytest.mark.slow       # 40 s: runs in .ci/run's slow step
+@pytest.mark.slow       # about a minute: runs in .ci/run's slow step
 def test_every_output_is_bitwise_equal():
   stored = dict(np.load(FIXTURE + ".npz"))
   with open(FIXTURE + ".json") as f:
