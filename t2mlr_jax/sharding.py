@@ -35,6 +35,11 @@ PARAM_RULES: tuple[tuple[str, tuple[Optional[str], ...]], ...] = (
     (r"mlp/(gate|up)/kernel$", ("layers", "embed", "mlp")),
     (r"mlp/down/kernel$", ("layers", "mlp", "embed")),
     (r"recurrence/(w_rec|f_rec|f_cur)/kernel$", ("embed", None)),
+    # LRT: per-layer feedback projections and value-embedding tables, the shared pair
+    (r"layers/memory/(w_k|w_v)$", ("layers", "embed", "kv_heads")),
+    (r"layers/memory/ve$", ("layers", "vocab", "embed")),
+    (r"recurrence/(w_k|w_v)$", ("embed", "kv_heads")),
+    (r"value_embeds/embedding$", (None, "vocab", "embed")),   # nanochat's tables
     (r"lstm/.*kernel$", ("embed", "mlp")),
 )
 LOGICAL_TO_MESH = {"vocab": "tensor", "embed": "fsdp", "q_heads": "tensor",

@@ -73,7 +73,7 @@ def test_topology_names_resolve_as_maxtext_counts_them():
   t = topologies.resolve("v2-8")          # one device a core
   assert (t.jax_topology, t.chips, t.num_devices) == ("v2:2x2", 4, 8)
   assert topologies.resolve("v6e:4x4").num_devices == 16
-  assert topologies.resolve("v5e-256").hbm_bytes == 16 * 2 ** 30
+  assert topologies.resolve("v5e-256").hbm_bytes == int(15.75 * 2 ** 30)   # the compiler's limit
   with pytest.raises(ValueError, match=r"--topology='v5e-12' is unknown: allowed a name "
                      r"such as .*v5e-16"):
     topologies.resolve("v5e-12")
@@ -129,6 +129,20 @@ def test_fsdp_state_per_device_is_the_total_over_devices_when_the_mesh_divides()
       (total - rep) / 16 + rep, rel=1e-6)
 
 
+def test_fsdp_shards_lrts_feedback_and_value_embedding_tables():
+  """LRT's per-layer W_k / W_v and value-embedding tables (1.1 GiB of d12's 1.2 GiB of
+  parameters) have rows in the spec table: on 16 devices only scalars and gates stay whole."""
+  c = _config("lrt_nanochat", "d12")
+  cfg, state = _abstract_state(c)
+  shardings = sharding.tree_shardings(state, _mesh(16), cfg)
+  rep, total = sharding.replicated_bytes(state, shardings)
+  assert rep / total < 1e-4
+  spec = lambda path, shape: tuple(sharding.spec_for(path, shape, _mesh(16), cfg))
+  assert spec("layers/memory/ve", (12, 32768, 768)) == (None, None, "fsdp")
+  assert spec("layers/memory/w_k", (12, 768, 768)) == (None, "fsdp", None)
+  assert spec("recurrence/w_v", (768, 768)) == ("fsdp", None)
+
+
 def test_fsdp_shards_a_576_wide_model_on_256_devices_along_other_dimensions():
   """576 is no multiple of 256: the embedding and the MLP are split along their vocab /
   hidden dimensions instead; what stays whole is what has no dimension 256 divides (the
@@ -151,6 +165,23 @@ def test_fsdp_shards_a_576_wide_model_on_256_devices_along_other_dimensions():
   rep, total = sharding.replicated_bytes(state, shardings)
   # the whole state was on every device before the fallback; now about a fifth of it
   assert rep / total == pytest.approx(0.21, abs=0.02)
+
+
+def test_a_retrofit_config_compiles_from_a_shape_without_the_model():
+  """model.init_from = a preset name stands for the pretrained model's shape (the weights
+  are never read); a path that is neither a model directory nor a preset is named."""
+  from t2mlr_jax import aot
+  from t2mlr_jax.train import config as config_lib
+  c = _config("retrofit_smollm2_1p7b_gsm8k", "")
+  c.model.init_from = "smollm2-1.7b"
+  cfg = config_lib.validate(aot.shape_config(c))
+  assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.vocab_size) == (2048, 24, 32, 49152)
+  assert cfg.max_seq_len == 4096 and cfg.recurrence.d_backward == 8
+  assert cfg.recurrent_block == (4, 19)
+  c.model.init_from = "/nonexistent/model"
+  with pytest.raises(ValueError, match=r"model.init_from='/nonexistent/model' is invalid: "
+                     r"allowed a Hugging Face directory .* a preset name"):
+    aot.shape_config(c)
 
 
 # ------------------------------------------------------------------- compiles
@@ -249,3 +280,15 @@ def test_quickstart_notebooks_tpu_path_compiles_for_colabs_v2_8():
   r = _report(namespace["config"], "v2-8", steps=("train", "eval"))
   assert r["fits"] and r["attention"] == "xla" and r["devices"] == 8
   assert all(s["mosaic_kernels"] == 0 for s in r["steps"])
+
+
+@pytest.mark.tpu_compile
+@needs_libtpu
+def test_two_slices_put_the_data_axis_over_dcn():
+  from t2mlr_jax import aot
+  c = _config("fineweb_135m", "tiny")
+  r = aot.compile_config(c, "v5e-4", num_slices=2)
+  assert r["fits"] and r["devices"] == 8 and r["mesh"]["data"] == 8
+  c.mesh.update(data=1, fsdp=-1)
+  with pytest.raises(ValueError, match=r"mesh.data=1 is invalid over 2 slices"):
+    aot.compile_config(c, "v5e-4", num_slices=2)
