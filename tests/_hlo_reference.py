@@ -7,7 +7,8 @@ locations); `tests/fixtures/hlo/NAME.hlo.gz` hold the programs as of commit 5f36
 `test_hlo_reference.py` asks for equality, so a refactor that changes what XLA runs is
 seen (and then timed side by side and explained).
 
-Regenerate (only when a change is meant to change the programs):
+The programs are XLA's: a new jax / jaxlib changes them too (regenerate with it, saying
+so). Regenerate (only when a change is meant to change the programs):
     python tests/_hlo_reference.py tests/fixtures/hlo
 """
 
