@@ -9,6 +9,12 @@ parquet files with SmolLM2's tokenizer (a directory holding its tokenizer.json):
         --block_size=2048 --out=data/fineweb_edu_smollm2
     python -m t2mlr_jax.main --config=configs/fineweb_135m.py --workdir=DIR
 
+Meant for a TPU v5e-256 (one 2048-token sequence a chip; check before paying:
+`python -m t2mlr_jax.compile --config=configs/fineweb_135m.py --topology=v5e-256`):
+4.9 of 15.75 GiB a chip; the all_layers and 360m variants 11.8 and 8.2 GiB (docs/tpu.md).
+The same global batch on 16 chips needs `train.grad_accum_steps` 8 on a v5e-16 (the
+transformer variant 4), 4 on a v4-32 or a v6e-16.
+
 Variants (`--config=configs/fineweb_135m.py:VARIANT`):
   (default)    SmolLM2-135M (30 layers, d_model 576, GQA 9/3, vocab 49152, tied) with T2MLR
                on layers 13-18 (the paper's middle block), Jacobi D_f/D_b 16/4; AdamW lr
@@ -33,7 +39,7 @@ def get_config(variant: str = ""):
   c = base_config()
   c.name = "fineweb_135m" + (f"_{variant}" if variant else "")
   shape = dict(PRESETS["smollm2-360m" if variant == "360m" else "smollm2-135m"])
-  c.model.update(arch="transformer", dtype="bfloat16", **shape)
+  c.model.update(arch="transformer", dtype="bfloat16", attention="auto", **shape)
   c.model.max_seq_len = 2048
   span = (14, 19) if variant == "360m" else (0, shape["n_layers"] - 1) if (
       variant == "all_layers") else (13, 18)

@@ -10,6 +10,11 @@ Variants (`--config=configs/lrt_nanochat.py:VARIANT`):
   d12   the same at depth 12 (d_model 768).
   tiny  seconds on CPU, for tests: 2 layers, d_model 32, on S5-Retrieval data.
 
+Slices (docs/tpu.md; check one with `python -m t2mlr_jax.compile
+--config=configs/lrt_nanochat.py:d20 --topology=v5p-128`): d20 is meant for a TPU v5p-128
+(86.2 of 95.7 GiB a chip; on a v5p-64 set `train.grad_accum_steps=2`, on a v6e-16 16),
+d12 for a v5e-256 (14.2 of 15.75 GiB a chip; on a v5e-16 `grad_accum_steps=16`).
+
 The d12/d20 variants read any tokenized text through the `sft` task
 (--config.data.path=FILE.jsonl --config.data.tokenizer=DIR; vocabulary 32768 unless
 overridden to the tokenizer's).
@@ -55,7 +60,7 @@ def get_config(variant: str = "d20"):
     c.train.update(num_steps=6, batch_size=8, seq_len=48, eval_every=6, checkpoint_every=3,
                    log_every=1, async_checkpointing=False)
     return c
-  c.model.update(dtype="bfloat16")
+  c.model.update(dtype="bfloat16", attention="auto")
   c.data.update(task="sft", format="auto", packed=True, too_long="drop")
   c.mesh.update(data=1, fsdp=-1, tensor=1)
   batch, seq = 256, 2048

@@ -14,7 +14,10 @@ GSM8K 35.8 -> 39.9, MATH500 12.8 -> 18.0.
     python -m t2mlr_jax.evaluate --task=gsm8k --data=/data/gsm8k/test.jsonl \\
         --model=workdirs/retrofit --tokenizer=/models/SmolLM2-1.7B-Instruct --chat
 
-Needs an accelerator (bf16, full remat, FSDP over all chips). Variant `tiny`:
+Needs an accelerator (bf16, full remat, FSDP over all chips): meant for a TPU v5p-64,
+20.5 of 95.7 GiB a chip (`python -m t2mlr_jax.compile
+--config=configs/retrofit_smollm2_1p7b_gsm8k.py --topology=v5p-64
+--config.model.init_from=smollm2-1.7b` checks it from the shape alone). Variant `tiny`:
 the same recipe at toy size for tests (pass a tiny HF directory as init_from).
 """
 
@@ -25,7 +28,7 @@ def get_config(variant: str = ""):
   c = base_config()
   c.name = "retrofit_smollm2_1p7b_gsm8k"
   c.model.init_required = True           # model shape comes from model.init_from
-  c.model.update(dtype="bfloat16", remat="full", max_seq_len=4096)
+  c.model.update(dtype="bfloat16", remat="full", max_seq_len=4096, attention="auto")
   c.model.recurrence.update(type="t2mlr", l_start=4, l_end=-5, d_forward=16, d_backward=8,
                             gate_gain=1e-2)
   c.optimizer.update(lr=5e-4, b2=0.99, weight_decay=0.01, warmup_frac=0.03,
@@ -36,7 +39,7 @@ def get_config(variant: str = ""):
                  checkpoint_every=500, log_every=20)
   c.mesh.update(data=1, fsdp=-1, tensor=1)
   if variant == "tiny":
-    c.model.update(dtype="float32", remat="none", max_seq_len=256)
+    c.model.update(dtype="float32", remat="none", max_seq_len=256, attention="xla")
     c.model.recurrence.update(l_start=1, l_end=-2, d_forward=4, d_backward=2)
     c.data.update(eval_limit=8, eval_batch_size=8, chat=False)
     c.train.update(num_steps=4, batch_size=8, seq_len=128, eval_every=4, checkpoint_every=4,

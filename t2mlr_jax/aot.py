@@ -11,6 +11,7 @@ Everything is built from shapes (`jax.eval_shape`): a model initialised from a c
 from __future__ import annotations
 
 import collections
+import os
 import re
 import time
 from typing import Callable, Optional, Sequence
@@ -45,6 +46,10 @@ def shape_config(config):
   config = config.copy_and_resolve_references()
   if src in PRESETS:
     shape = PRESETS[src]
+  elif not os.path.isdir(src):
+    raise ValueError(f"config field model.init_from={src!r} is invalid: allowed a Hugging "
+                     "Face directory or parameter export (its config is read, not its "
+                     f"weights) or, for the shape alone, a preset name: {sorted(PRESETS)}")
   else:
     from t2mlr_jax.convert.pretrained import pretrained_config
     base = pretrained_config(src)

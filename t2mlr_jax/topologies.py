@@ -30,21 +30,27 @@ class Generation:
   """One TPU generation: how JAX names it and what one device of it holds."""
   jax_name: str               # the prefix of JAX's topology strings ("v5e")
   device_kind: str            # jax.Device.device_kind of its devices
-  hbm_bytes: int              # HBM per device (per core on v2 / v3, per chip otherwise)
+  hbm_bytes: int              # HBM per device the compiler lets a program use
   peak_bf16_flops: float      # dense bf16 peak FLOP/s per device
   cores_per_chip: int         # TensorCores per chip
   megacore: bool              # devices are whole chips with fused cores (v4, v5p)
   name_counts_cores: bool     # "v4-8" counts cores (8 cores = 4 chips), "v5e-8" chips
   dims: int                   # 2D or 3D torus
 
-# Public Cloud TPU figures (HBM per chip / bf16 peak per chip), divided per device.
+# HBM: the limit libtpu's compiler enforces per device, as its out-of-memory error states
+# it (the public per-chip sizes are 16 / 32 / 32 / 16 / 95 / 32 GiB; v2 / v3 devices are
+# half-chip cores); bf16 peak: public per-chip figures, per device.
+def _gib100(hundredths: int) -> int:
+  return hundredths * GiB // 100
+
+
 GENERATIONS = {
-    "v2": Generation("v2", "TPU v2", 8 * GiB, 22.5e12, 2, False, True, 2),
-    "v3": Generation("v3", "TPU v3", 16 * GiB, 61.5e12, 2, False, True, 2),
-    "v4": Generation("v4", "TPU v4", 32 * GiB, 275e12, 2, True, True, 3),
-    "v5e": Generation("v5e", "TPU v5 lite", 16 * GiB, 197e12, 1, False, False, 2),
-    "v5p": Generation("v5p", "TPU v5", 95 * GiB, 459e12, 2, True, True, 3),
-    "v6e": Generation("v6e", "TPU v6 lite", 32 * GiB, 918e12, 1, False, False, 2),
+    "v2": Generation("v2", "TPU v2", _gib100(748), 22.5e12, 2, False, True, 2),
+    "v3": Generation("v3", "TPU v3", _gib100(1548), 61.5e12, 2, False, True, 2),
+    "v4": Generation("v4", "TPU v4", _gib100(3075), 275e12, 2, True, True, 3),
+    "v5e": Generation("v5e", "TPU v5 lite", _gib100(1575), 197e12, 1, False, False, 2),
+    "v5p": Generation("v5p", "TPU v5", _gib100(9574), 459e12, 2, True, True, 3),
+    "v6e": Generation("v6e", "TPU v6 lite", _gib100(3125), 918e12, 1, False, False, 2),
 }
 
 # chips -> chip grid, the shapes Cloud TPU offers (2D: v2, v3, v5e, v6e; 3D: v4, v5p)
