@@ -11,7 +11,7 @@ parquet files with SmolLM2's tokenizer (a directory holding its tokenizer.json):
 
 Meant for a TPU v5e-256 (one 2048-token sequence a chip; check before paying:
 `python -m t2mlr_jax.compile --config=configs/fineweb_135m.py --topology=v5e-256`):
-4.9 of 15.75 GiB a chip; the all_layers and 360m variants 11.8 and 8.2 GiB (docs/tpu.md).
+4.5 of 15.75 GiB a chip; the all_layers and 360m variants 11.6 and 6.9 GiB (docs/tpu.md).
 The same global batch on 16 chips needs `train.grad_accum_steps` 8 on a v5e-16 (the
 transformer variant 4), 4 on a v4-32 or a v6e-16.
 

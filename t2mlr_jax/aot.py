@@ -188,7 +188,7 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
   t = config.train
   mode = config_lib.train_mode(config, cfg)
   devices = topologies.devices(topo, num_slices)
-  mesh = sharding.make_mesh(dict(config.mesh), devices)
+  mesh = sharding.make_mesh(dict(config.mesh), devices, getattr(cfg, "d_model", None))
   k = t.get("grad_accum_steps", 1)
   check_batch(t.batch_size, k, mesh)
   if isinstance(cfg, ModelConfig):
@@ -313,7 +313,7 @@ def _decode_step(config, cfg, mesh, params_abs):
     if a.ndim == 0 or a.shape[0] % n:
       spec = P_()
     else:
-      spec = P_(sharding.BATCH_AXES, *([None] * (a.ndim - 1)))
+      spec = P_(sharding.batch_axes(mesh), *([None] * (a.ndim - 1)))
     return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=jax.sharding.NamedSharding(mesh,
                                                                                       spec))
 

@@ -22,6 +22,10 @@ from t2mlr_jax.config import ModelConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")   # the batch dimension is split over both
+# When 'fsdp' does not divide the model's width (576 on 256 chips), make_mesh factors it as
+# fsdp x fsdp_inner, the outer part dividing the width: an array then shards over two of
+# its dimensions (576 / 64 and 576 / 4), and the batch over data x fsdp x fsdp_inner.
+FSDP_INNER = "fsdp_inner"
 
 # parameter path (regex on "a/b/c") -> logical axis per dimension
 PARAM_RULES: tuple[tuple[str, tuple[Optional[str], ...]], ...] = (
@@ -46,8 +50,20 @@ LOGICAL_TO_MESH = {"vocab": "tensor", "embed": "fsdp", "q_heads": "tensor",
                    "kv_heads": "tensor", "mlp": "tensor", "layers": None}
 
 
-def make_mesh(shape: Mapping[str, int], devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """A mesh over MESH_AXES; one entry may be -1 (all remaining devices)."""
+def fsdp_factors(fsdp: int, width: Optional[int]) -> tuple[int, int]:
+  """(outer, inner) with fsdp = outer * inner and outer the largest divisor of fsdp that
+  divides `width` (the model's d_model): (fsdp, 1) when fsdp divides it or width is None."""
+  if width is None or width % fsdp == 0:
+    return fsdp, 1
+  outer = max(d for d in range(1, fsdp + 1) if fsdp % d == 0 and width % d == 0)
+  return outer, fsdp // outer
+
+
+def make_mesh(shape: Mapping[str, int], devices: Optional[Sequence[Any]] = None,
+              model_width: Optional[int] = None) -> Mesh:
+  """A mesh over MESH_AXES; one entry may be -1 (all remaining devices). model_width
+  (the trainer passes d_model): when 'fsdp' does not divide it, the fsdp axis is factored
+  into ('fsdp', 'fsdp_inner'), 'fsdp' the largest part that divides it (FSDP_INNER)."""
   devices = list(jax.devices() if devices is None else devices)
   sizes = {ax: int(shape.get(ax, 1)) for ax in MESH_AXES}
   unknown = sorted(set(shape) - set(MESH_AXES))
@@ -69,8 +85,11 @@ def make_mesh(shape: Mapping[str, int], devices: Optional[Sequence[Any]] = None)
     raise ValueError(f"mesh shape {sizes} needs {math.prod(sizes.values())} devices but "
                      f"{len(devices)} are available: allowed shapes whose product is "
                      f"{len(devices)} (use -1 for one axis)")
-  shape_ = [sizes[a] for a in MESH_AXES]
-  auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+  outer, inner = fsdp_factors(sizes["fsdp"], model_width)
+  names = MESH_AXES if inner == 1 else ("data", "fsdp", FSDP_INNER, "tensor")
+  shape_ = ([sizes[a] for a in MESH_AXES] if inner == 1
+            else [sizes["data"], outer, inner, sizes["tensor"]])
+  auto = (jax.sharding.AxisType.Auto,) * len(names)
   slices = len({getattr(d, "slice_index", 0) for d in devices})
   if slices > 1:
     # several slices (DCN between them): 'data' spans the slices, the rest each slice
@@ -78,16 +97,23 @@ def make_mesh(shape: Mapping[str, int], devices: Optional[Sequence[Any]] = None)
       raise ValueError(f"mesh.data={sizes['data']} is invalid over {slices} slices: allowed "
                        f"multiples of {slices} (the data axis spans the slices)")
     from jax.experimental import mesh_utils
-    ici = [sizes["data"] // slices, sizes["fsdp"], sizes["tensor"]]
-    grid = mesh_utils.create_hybrid_device_mesh(ici, [slices, 1, 1], devices=devices)
-    return Mesh(grid, MESH_AXES, axis_types=auto)
+    ici = [shape_[0] // slices, *shape_[1:]]
+    dcn = [slices] + [1] * (len(shape_) - 1)
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
+    return Mesh(grid, names, axis_types=auto)
   # the topology-aware device order on TPU/GPU (ICI-local axes last), for any device list;
   # Auto axes keep sharding propagation as with the plain Mesh
   try:
-    return jax.make_mesh(shape_, MESH_AXES, axis_types=auto, devices=devices)
+    return jax.make_mesh(shape_, names, axis_types=auto, devices=devices)
   except (ValueError, NotImplementedError, AssertionError):
     # a device subset the topology-aware order cannot tile: keep the given order
-    return Mesh(np.asarray(devices).reshape(shape_), MESH_AXES, axis_types=auto)
+    return Mesh(np.asarray(devices).reshape(shape_), names, axis_types=auto)
+
+
+def batch_axes(mesh) -> tuple[str, ...]:
+  """The mesh axes the batch dimension is split over: data x fsdp (x fsdp_inner)."""
+  names = tuple(mesh.axis_names)
+  return BATCH_AXES + ((FSDP_INNER,) if FSDP_INNER in names else ())
 
 
 def _path_str(path) -> str:
@@ -110,25 +136,49 @@ def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
 
   FSDP's fallback: when the 'fsdp' axis does not divide the dimension the table gives it
   (576 on 256 devices), it shards the first other dimension it divides (never the
-  stacked layers', which the layer scan slices), replicating only when none does."""
+  stacked layers', which the layer scan slices), replicating only when none does. On a
+  mesh with 'fsdp_inner' (make_mesh's factoring), a dimension both divide takes both;
+  otherwise 'fsdp' takes one dimension and 'fsdp_inner' another."""
   for pattern, logical_axes in PARAM_RULES:
     if re.search(pattern, path) and len(logical_axes) == len(shape):
       axes = []
       for logical, size in zip(logical_axes, shape):
         mesh_axis = LOGICAL_TO_MESH.get(logical) if logical else None
+        if mesh_axis == "fsdp":
+          axes.append(None)             # placed below
+          continue
         n = mesh.shape[mesh_axis] if mesh_axis else 1
         count = _logical_size(cfg, logical, size) if logical else size
         ok = mesh_axis is not None and n > 1 and count % n == 0 and size % n == 0
         axes.append(mesh_axis if ok else None)
-      wanted = [LOGICAL_TO_MESH.get(lg) if lg else None for lg in logical_axes]
-      n = mesh.shape["fsdp"] if "fsdp" in mesh.shape else 1
-      if n > 1 and "fsdp" in wanted and "fsdp" not in axes:
-        for i, (logical, size) in enumerate(zip(logical_axes, shape)):
-          if axes[i] is None and logical != "layers" and size % n == 0:
-            axes[i] = "fsdp"
-            break
+      _place_fsdp(axes, logical_axes, shape, mesh)
       return P(*axes)
   return P()
+
+
+def _place_fsdp(axes: list, logical_axes, shape, mesh) -> None:
+  """Put the fsdp axis (and fsdp_inner) on the array's free dimensions, in place: the
+  table's 'embed' dimension first, then the others (never 'layers'). One dimension the
+  whole extent divides takes it all; else 'fsdp' one and 'fsdp_inner' another."""
+  outer = mesh.shape["fsdp"] if "fsdp" in mesh.axis_names else 1
+  inner = mesh.shape[FSDP_INNER] if FSDP_INNER in mesh.axis_names else 1
+  wanted = [i for i, lg in enumerate(logical_axes) if lg and LOGICAL_TO_MESH.get(lg) == "fsdp"]
+  if outer * inner == 1 or not wanted:
+    return
+  order = wanted + [i for i, lg in enumerate(logical_axes) if i not in wanted and lg != "layers"]
+  for i in order:
+    if axes[i] is None and shape[i] % (outer * inner) == 0:
+      axes[i] = ("fsdp", FSDP_INNER) if inner > 1 else "fsdp"
+      return
+  placed = None
+  for i in order:
+    if outer > 1 and axes[i] is None and shape[i] % outer == 0:
+      axes[i], placed = "fsdp", i
+      break
+  for i in order:
+    if inner > 1 and axes[i] is None and i != placed and shape[i] % inner == 0:
+      axes[i] = FSDP_INNER
+      break
 
 
 def replicated_bytes(tree, shardings) -> tuple[int, int]:
@@ -161,8 +211,9 @@ def tree_shardings(tree, mesh: Mesh, cfg: Optional[ModelConfig] = None):
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
-  """Batch-major arrays: the batch split over ('data', 'fsdp'), the rest replicated."""
-  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+  """Batch-major arrays: the batch split over ('data', 'fsdp'[, 'fsdp_inner']), the rest
+  replicated."""
+  return NamedSharding(mesh, P(batch_axes(mesh), *([None] * (ndim - 1))))
 
 
 def constrain_batch(x):
@@ -174,9 +225,10 @@ def constrain_batch(x):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
     return x
-  if x.shape[0] % math.prod(mesh.shape[a] for a in BATCH_AXES):
+  axes = batch_axes(mesh)
+  if x.shape[0] % math.prod(mesh.shape[a] for a in axes):
     return x
-  return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *([None] * (x.ndim - 1))))
+  return jax.lax.with_sharding_constraint(x, P(axes, *([None] * (x.ndim - 1))))
 
 
 def shard_eval_batch(batch: dict, mesh: Optional[Mesh], pad_values: dict):
@@ -204,7 +256,7 @@ def shard_eval_batch(batch: dict, mesh: Optional[Mesh], pad_values: dict):
 
 def batch_divisor(mesh: Mesh) -> int:
   """Devices a batch is split over (data × fsdp): the global batch must be a multiple."""
-  return mesh.shape["data"] * mesh.shape["fsdp"]
+  return math.prod(mesh.shape[a] for a in batch_axes(mesh))
 
 
 def process_batch_slot(mesh: Mesh, global_batch: int) -> tuple[int, int]:

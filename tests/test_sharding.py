@@ -114,3 +114,40 @@ def test_evaluation_split_like_training_equals_the_unsharded_one():
       assert split[k] == pytest.approx(v, abs=1e-6), k
     else:
       assert split[k] == v, k
+
+
+def test_fsdp_that_does_not_divide_the_width_is_factored_and_the_step_is_unchanged():
+  """fsdp = 8 on d_model 36: the mesh factors it as fsdp 4 x fsdp_inner 2 (4 divides 36),
+  so a 36 x 36 matrix splits over both of its dimensions instead of staying whole; the
+  batch splits over all 8 devices; the step equals the single-device one."""
+  cfg = ModelConfig(vocab_size=40, d_model=36, n_layers=3, n_heads=3, n_kv_heads=3, d_ff=64,
+                    max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=4,
+                                                           d_backward=2))
+  assert sharding.fsdp_factors(8, 36) == (4, 2) and sharding.fsdp_factors(8, 32) == (8, 1)
+  mesh = sharding.make_mesh({"data": 1, "fsdp": -1}, model_width=cfg.d_model)
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "fsdp_inner": 2, "tensor": 1}
+  assert sharding.batch_divisor(mesh) == 8
+  assert sharding.spec_for("layers/attn/q/kernel", (3, 36, 36), mesh, cfg) == \
+      P(None, "fsdp", "fsdp_inner")
+  assert sharding.spec_for("layers/mlp/up/kernel", (3, 36, 64), mesh, cfg) == \
+      P(None, None, ("fsdp", "fsdp_inner"))
+  oc = base_config().optimizer
+  oc.update(lr=1e-2, eps=1e-3)
+  tx, schedule = make_optimizer(oc, 10)
+  tokens = random_tokens(cfg, 8, 16)
+  batch = {"input_ids": tokens, "target_ids": np.roll(tokens, -1, axis=1),
+           "control_flow": np.full(tokens.shape, 2, np.int32)}
+  results = []
+  for m in (sharding.make_mesh({"data": 1}, devices=jax.devices()[:1]), mesh):
+    state = create_state(cfg, tx, jax.random.PRNGKey(0), m)
+    step = make_train_step(cfg, tx, schedule, "jacobi", m)
+    placed = {k: jax.device_put(v, sharding.batch_sharding(m)) for k, v in batch.items()}
+    for _ in range(2):
+      state, metrics = step(state, placed)
+    results.append((float(metrics["loss"]), jax.device_get(state.params)))
+  q = state.params["layers"]["attn"]["q"]["kernel"]
+  assert q.sharding.shard_shape(q.shape) == (3, 9, 18)
+  (loss1, p1), (loss8, p8) = results
+  assert abs(loss1 - loss8) <= 1e-5
+  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

@@ -161,13 +161,14 @@ def _splash(q_BTNK, k_BTMK, v_BTMK, segments_BT, window=None):
   ('data', 'fsdp') and the heads over 'tensor' where they divide, else replicated."""
   from jax.sharding import PartitionSpec as P
 
-  from t2mlr_jax.sharding import BATCH_AXES
+  from t2mlr_jax.sharding import batch_axes
   local = functools.partial(_splash_local, window=window)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return local(q_BTNK, k_BTMK, v_BTMK, segments_BT)
   B, N, M = q_BTNK.shape[0], q_BTNK.shape[2], k_BTMK.shape[2]
-  batch = BATCH_AXES if B % math.prod(mesh.shape[a] for a in BATCH_AXES) == 0 else None
+  axes = batch_axes(mesh)
+  batch = axes if B % math.prod(mesh.shape[a] for a in axes) == 0 else None
   t = mesh.shape.get("tensor", 1)
   heads = "tensor" if N % t == 0 and M % t == 0 else None
   qkv, seg = P(batch, None, heads, None), P(batch, None)

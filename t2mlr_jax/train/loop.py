@@ -154,7 +154,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   cfg = config_lib.validate(config)
   tasks_lib.validate_data(config, task)
   t = config.train
-  mesh = sharding.make_mesh(dict(config.mesh))
+  mesh = sharding.make_mesh(dict(config.mesh), model_width=getattr(cfg, "d_model", None))
   check_batch(t.batch_size, t.get("grad_accum_steps", 1), mesh)
   mode = config_lib.train_mode(config, cfg)
   tx, schedule = make_optimizer(config.optimizer, t.num_steps, getattr(cfg, "d_model", None))
