@@ -43,39 +43,56 @@ def test_spec_table_replicates_what_does_not_divide():
                            cfg) == P(None, "fsdp", "tensor")
 
 
-def test_train_step_on_2x2x2_mesh_equals_one_device():
-  cfg = ModelConfig(vocab_size=40, d_model=32, n_layers=3, n_heads=4, n_kv_heads=1, d_ff=64,
-                    max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=4,
-                                                           d_backward=2))
+def _two_steps(cfg, mesh, batch, inspect=None):
+  """(loss, params on the host, state) after two Jacobi train steps of cfg over mesh;
+  inspect(step, state, placed batch, state shardings) runs before them."""
   oc = base_config().optimizer
   # Adam divides by sqrt(v) + eps: a larger eps keeps reduction-order noise in tiny
   # gradients from being amplified to lr-sized differences.
   oc.update(lr=1e-2, eps=1e-3)
   tx, schedule = make_optimizer(oc, 10)
+  state = create_state(cfg, tx, jax.random.PRNGKey(0), mesh)
+  step = make_train_step(cfg, tx, schedule, "jacobi", mesh)
+  placed = {k: jax.device_put(v, sharding.batch_sharding(mesh)) for k, v in batch.items()}
+  if inspect is not None:
+    inspect(step, state, placed, state_shardings(cfg, tx, mesh))
+  for _ in range(2):
+    state, metrics = step(state, placed)
+  return float(metrics["loss"]), jax.device_get(state.params), state
+
+
+def _lm_batch(cfg):
   tokens = random_tokens(cfg, 8, 16)
-  batch = {"input_ids": tokens, "target_ids": np.roll(tokens, -1, axis=1),
-           "control_flow": np.full(tokens.shape, 2, np.int32)}
-  results = []
-  for mesh in (sharding.make_mesh({"data": 1}, devices=jax.devices()[:1]),
-               sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})):
-    state = create_state(cfg, tx, jax.random.PRNGKey(0), mesh)
-    shardings = state_shardings(cfg, tx, mesh)
+  return {"input_ids": tokens, "target_ids": np.roll(tokens, -1, axis=1),
+          "control_flow": np.full(tokens.shape, 2, np.int32)}
+
+
+def _assert_same(results):
+  (loss1, p1, _), (loss8, p8, _) = results
+  assert abs(loss1 - loss8) <= 1e-5
+  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_train_step_on_2x2x2_mesh_equals_one_device():
+  cfg = ModelConfig(vocab_size=40, d_model=32, n_layers=3, n_heads=4, n_kv_heads=1, d_ff=64,
+                    max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=4,
+                                                           d_backward=2))
+
+  def inspect(step, state, placed, shardings):
     assert state.params["layers"]["mlp"]["up"]["kernel"].sharding == \
         shardings.params["layers"]["mlp"]["up"]["kernel"]
-    step = make_train_step(cfg, tx, schedule, "jacobi", mesh)
-    placed = {k: jax.device_put(v, sharding.batch_sharding(mesh)) for k, v in batch.items()}
-    if mesh.size == 8:     # activations constrained to the batch layout between layers
+    if state.params["embed"]["embedding"].sharding.mesh.size == 8:
+      # activations constrained to the batch layout between layers
       text = step.lower(state, placed).as_text()
       constrained = [line for line in text.splitlines() if "sharding_constraint" in line]
       assert len(constrained) >= cfg.n_layers
       assert all('[{"data", "fsdp"}, {}, {}]' in line for line in constrained)
-    for _ in range(2):
-      state, metrics = step(state, placed)
-    results.append((float(metrics["loss"]), jax.device_get(state.params)))
-  (loss1, p1), (loss8, p8) = results
-  assert abs(loss1 - loss8) <= 1e-5
-  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
-    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+  batch = _lm_batch(cfg)
+  _assert_same([_two_steps(cfg, mesh, batch, inspect) for mesh in (
+      sharding.make_mesh({"data": 1}, devices=jax.devices()[:1]),
+      sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}))])
 
 
 def test_process_batch_slot_single_process_and_mesh_axis_types():
@@ -131,23 +148,8 @@ def test_fsdp_that_does_not_divide_the_width_is_factored_and_the_step_is_unchang
       P(None, "fsdp", "fsdp_inner")
   assert sharding.spec_for("layers/mlp/up/kernel", (3, 36, 64), mesh, cfg) == \
       P(None, None, ("fsdp", "fsdp_inner"))
-  oc = base_config().optimizer
-  oc.update(lr=1e-2, eps=1e-3)
-  tx, schedule = make_optimizer(oc, 10)
-  tokens = random_tokens(cfg, 8, 16)
-  batch = {"input_ids": tokens, "target_ids": np.roll(tokens, -1, axis=1),
-           "control_flow": np.full(tokens.shape, 2, np.int32)}
-  results = []
-  for m in (sharding.make_mesh({"data": 1}, devices=jax.devices()[:1]), mesh):
-    state = create_state(cfg, tx, jax.random.PRNGKey(0), m)
-    step = make_train_step(cfg, tx, schedule, "jacobi", m)
-    placed = {k: jax.device_put(v, sharding.batch_sharding(m)) for k, v in batch.items()}
-    for _ in range(2):
-      state, metrics = step(state, placed)
-    results.append((float(metrics["loss"]), jax.device_get(state.params)))
-  q = state.params["layers"]["attn"]["q"]["kernel"]
+  results = [_two_steps(cfg, m, _lm_batch(cfg)) for m in (
+      sharding.make_mesh({"data": 1}, devices=jax.devices()[:1]), mesh)]
+  q = results[1][2].params["layers"]["attn"]["q"]["kernel"]
   assert q.sharding.shard_shape(q.shape) == (3, 9, 18)
-  (loss1, p1), (loss8, p8) = results
-  assert abs(loss1 - loss8) <= 1e-5
-  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
-    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+  _assert_same(results)
