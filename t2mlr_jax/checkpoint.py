@@ -156,21 +156,28 @@ def set_aside_after(workdir: str, step: int) -> list[int]:
 def quiet_failed_reads() -> None:
   """After a failed restore, Orbax's other array reads of the same damaged file end as
   coroutines whose exceptions nobody retrieves (Python prints each, a page of TensorStore
-  spec, when they are collected) or as callbacks into a closed event loop. Silence just
-  those, keeping every other warning."""
+  spec, when they are collected) or as TensorStore callbacks into the event loop Orbax has
+  closed by then (each reported through sys.unraisablehook with no object, so Python
+  prints a bare traceback; how many arrive depends on timing). Silence just those, keeping
+  every other warning."""
   import sys
   previous = sys.unraisablehook
 
+  def is_read_noise(value, _runtime_error=RuntimeError, _str=str, _isinstance=isinstance):
+    # builtins bound as defaults: the hooks may run during interpreter shutdown
+    text = _str(value)
+    return ("Encountered error while reading array" in text
+            or (_isinstance(value, _runtime_error) and text == "Event loop is closed"))
+
   def hook(unraisable):
-    if "Encountered error while reading array" in str(unraisable.exc_value):
+    if is_read_noise(unraisable.exc_value):
       return
     previous(unraisable)
   sys.unraisablehook = hook
-  # and TensorStore's callbacks of those reads, arriving after Orbax closed its event loop
   previous_excepthook = sys.excepthook
 
   def excepthook(kind, value, traceback):
-    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+    if is_read_noise(value):
       return
     previous_excepthook(kind, value, traceback)
   sys.excepthook = excepthook
