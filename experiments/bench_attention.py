@@ -72,6 +72,7 @@ def _loss_and_grad(cfg, mode):
 
   from t2mlr_jax.losses import cross_entropy, next_token_labels
   from t2mlr_jax.model import modes
+  from t2mlr_jax.model.schedules import jacobi as jacobi_schedule
 
   def loss(p, t):
     inp = modes.seq_inputs(t)
@@ -128,6 +129,7 @@ def part_prefill(lengths, repeats):
 
   import t2mlr_jax
   from t2mlr_jax.model import modes
+  from t2mlr_jax.model.schedules import jacobi as jacobi_schedule
   cfg, _, _ = bt.build("s5", residual=False)
   cfg = cfg.replace(max_seq_len=max(lengths))
   params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(1))
@@ -143,7 +145,7 @@ def part_prefill(lengths, repeats):
         if kind == "exact":
           f = jax.jit(lambda p, t, i: modes.exact(p, cfg, t, i, last_only=True)[0])
         else:
-          f = jax.jit(lambda p, t, i: modes.jacobi_prefill(p, cfg, t, i, 1e-4, True)[0])
+          f = jax.jit(lambda p, t, i: jacobi_schedule.jacobi_prefill(p, cfg, t, i, 1e-4, True)[0])
         with implementation(impl):
           jax.block_until_ready(f(params, tokens, inp))
         fns[f"{kind}/{impl}"] = lambda f=f: f(params, tokens, inp)

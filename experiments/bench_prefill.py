@@ -42,6 +42,7 @@ def main():
   from t2mlr_jax import checkpoint
   from t2mlr_jax.data import s5
   from t2mlr_jax.model import modes
+  from t2mlr_jax.model.schedules import jacobi as jacobi_schedule
 
   cfg, trained = checkpoint.load(args.workdir)
   max_len = max(int(x) for x in args.lengths.split(","))
@@ -58,7 +59,7 @@ def main():
       ("trained_s5", cfg, trained, True), ("random_gamma0.5", cfg, rand, True),
       ("random_gamma0.5_raw_cache", raw_cfg, rand, False)):
     exact_fn = jax.jit(lambda p, t, i, c=mcfg: modes.exact(p, c, t, i)[0])
-    jac_fn = jax.jit(lambda p, t, i, c=mcfg: modes.jacobi_prefill(p, c, t, i, args.tol)[:2])
+    jac_fn = jax.jit(lambda p, t, i, c=mcfg: jacobi_schedule.jacobi_prefill(p, c, t, i, args.tol)[:2])
     rows = {}
     for T in lengths:
       if cfg.vocab_size == s5.VOCAB_SIZE:     # an S3 word problem of T actions

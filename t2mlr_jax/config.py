@@ -73,7 +73,51 @@ class RopeScaling(_Replaceable):
 
 
 @dataclasses.dataclass(frozen=True)
-class T2MLRConfig(_Replaceable):
+class ScheduleOptions(_Replaceable):
+  """The options of every training schedule (`model/schedules/`), carried by every
+  recurrence config so any schedule trains any type (each overridable per call).
+
+  d_forward / d_backward / jacobi_tol: Jacobi's D_f (sweep 0 + D_f−1 span sweeps), D_b
+  (the last sweeps, with gradient) and its tolerance (stop the no-gradient sweeps once
+  max|ΔR| < tol). passes: S of interleaved training (positions t ≡ p−1 mod S in pass p)
+  and the number of contiguous chunks of chunked training. kv_refresh: re-project
+  not-yet-visited positions' feedback between passes (a type whose memory enters keys and
+  values: LRT). refine_passes: K of multi-refine training (K full passes after the
+  zero-state one); refine_weights: its loss weight per pass 0..K (K+1 values; empty =
+  uniform); refine_detach: stop the gradient through the states between refine passes.
+  """
+  d_forward: int = 16
+  d_backward: int = 4
+  jacobi_tol: Optional[float] = None
+  passes: int = 2
+  kv_refresh: bool = False
+  refine_passes: int = 3
+  refine_weights: tuple = ()
+  refine_detach: bool = False
+
+  def __post_init__(self):
+    if isinstance(self.d_forward, bool) or not isinstance(self.d_forward, int) \
+        or self.d_forward < 1:
+      invalid("d_forward", self.d_forward, "an integer >= 1")
+    if not 1 <= self.d_backward <= self.d_forward:
+      invalid("d_backward", self.d_backward, f"1 <= d_backward <= d_forward ({self.d_forward})")
+    if self.jacobi_tol is not None and not self.jacobi_tol > 0:
+      invalid("jacobi_tol", self.jacobi_tol, "None or a float > 0")
+    if not isinstance(self.passes, int) or self.passes < 1:
+      invalid("recurrence.passes", self.passes, "an integer >= 1 (and <= the sequence length)")
+    if not isinstance(self.refine_passes, int) or self.refine_passes < 0:
+      invalid("recurrence.refine_passes", self.refine_passes, "an integer >= 0")
+    weights = tuple(float(w) for w in (self.refine_weights or ()))
+    object.__setattr__(self, "refine_weights", weights)
+    if weights and (len(weights) != self.refine_passes + 1 or min(weights) < 0
+                    or not sum(weights) > 0):
+      invalid("recurrence.refine_weights", self.refine_weights,
+              f"empty (uniform) or refine_passes+1={self.refine_passes + 1} weights >= 0 "
+              "(passes 0..K) with a positive sum")
+
+
+@dataclasses.dataclass(frozen=True)
+class T2MLRConfig(ScheduleOptions):
   """Temporal middle-layer recurrence (SPEC §2) and its Jacobi defaults (SPEC §3).
 
   l_start/l_end are 0-based and both inclusive; negative values count from the
@@ -81,11 +125,11 @@ class T2MLRConfig(_Replaceable):
   number of layers by `ModelConfig`.
   """
   type: ClassVar[str] = "t2mlr"
+  default_schedule: ClassVar[str] = "jacobi"     # train.mode "auto"
+  parallel_runs_mixer: ClassVar[bool] = False   # parallel mode: the plain transformer
+  replaces_value_embeds: ClassVar[bool] = False
   l_start: int = 1
   l_end: int = -2
-  d_forward: int = 16          # D_f: total sweeps (sweep 0 + D_f-1 middle sweeps)
-  d_backward: int = 4          # D_b: sweeps that carry gradient (the last ones)
-  jacobi_tol: Optional[float] = None   # stop no-grad sweeps once max|dR| < tol
   residual: bool = True        # cache z = o_t + R_t at recurrent positions
   residual_detach: bool = True  # R_t under stop_gradient in that residual
   cache_norm: str = "clipped_rms"
@@ -95,12 +139,7 @@ class T2MLRConfig(_Replaceable):
   gate_gain: float = 1.0       # Xavier-normal gain of f_rec/f_cur (1e-2 for retrofit)
 
   def __post_init__(self):
-    if self.d_forward < 1:
-      invalid("d_forward", self.d_forward, "an integer >= 1")
-    if not 1 <= self.d_backward <= self.d_forward:
-      invalid("d_backward", self.d_backward, f"1 <= d_backward <= d_forward ({self.d_forward})")
-    if self.jacobi_tol is not None and not self.jacobi_tol > 0:
-      invalid("jacobi_tol", self.jacobi_tol, "None or a float > 0")
+    super().__post_init__()
     if self.cache_norm not in CACHE_NORMS:
       invalid("cache_norm", self.cache_norm, f"one of {CACHE_NORMS}")
     if not 0.0 < self.gate_init < 1.0:
@@ -121,9 +160,33 @@ class T2MLRConfig(_Replaceable):
     """The fields and the type name, as `recurrence_from_dict` reads them back."""
     return {"type": self.type, **dataclasses.asdict(self)}
 
+  def span(self, model: "ModelConfig") -> tuple[int, int]:
+    """(first, last) layer of the recurrent span, both inclusive: l_start..l_end."""
+    L = model.n_layers
+    for name in ("l_start", "l_end"):
+      value = getattr(self, name)
+      if not -L <= value < L:
+        invalid(f"recurrence.{name}", value, f"a layer index in [{-L}, {L - 1}] for n_layers={L}")
+    start, end = self.l_start % L, self.l_end % L
+    if start > end:
+      raise ValueError(
+          f"recurrence.l_start={self.l_start} (layer {start}) is after recurrence.l_end="
+          f"{self.l_end} (layer {end}): need l_start <= l_end, both inclusive, in [0, {L - 1}]")
+    return start, end
+
+  def num_params(self, model: "ModelConfig") -> int:
+    """The fusion's W_rec and two gates (5D² + 2D), γ_rec, γ_cur, an RMSNorm scale."""
+    D = model.d_model
+    return 5 * D * D + 2 * D + 2 + (D if self.cache_norm == "rmsnorm" else 0)
+
+  def mixer_flops(self, model: "ModelConfig", tokens: int, layers=None) -> float:
+    """The fusion's matmuls, once per run of the span whatever the `layers` run: W_rec
+    (D²) and the two gates (2D·D each), 5D² multiply-adds."""
+    return float(2 * 5 * model.d_model ** 2 * tokens)
+
 
 @dataclasses.dataclass(frozen=True)
-class LRTConfig(_Replaceable):
+class LRTConfig(ScheduleOptions):
   """Latent Recurrent Transformer (SPEC §4): the previous token's normed hidden state
   m_t fed back into every layer (residual γ_i·m, gated key/value feedback).
 
@@ -134,16 +197,14 @@ class LRTConfig(_Replaceable):
   gate_channels: channels of norm(x) the triple gate reads (0 = all d_model).
   init: "official" (the release's init_weights) or "identity" (γ = 0 and zero
   feedback weights: a fresh model computes exactly its base transformer).
-  passes: S of interleaved training (positions t ≡ p−1 mod S in pass p) and the number
-  of contiguous chunks of chunked training.
-  kv_refresh: re-project not-yet-visited positions' feedback between passes.
-  refine_passes: K of multi-refine training (K full passes after the zero-memory one);
-  refine_weights: its loss weight per pass 0..K (K+1 values; empty = uniform);
-  refine_detach: stop the gradient through the memory between refine passes.
+  The schedules' options (passes, kv_refresh, refine_*, d_forward, ...): `ScheduleOptions`.
   reset_at_segment_start: memory is zero wherever the position id is 0 (packed
   documents, left padding); False is the release, which zeroes it only at t = 0.
   """
   type: ClassVar[str] = "lrt"
+  default_schedule: ClassVar[str] = "interleaved"   # train.mode "auto"
+  parallel_runs_mixer: ClassVar[bool] = True        # parallel mode: the full pass, m = 0
+  replaces_value_embeds: ClassVar[bool] = True      # presets drop nanochat's tables
   source_layer: int = -1
   residual: bool = True
   key: bool = True
@@ -152,29 +213,14 @@ class LRTConfig(_Replaceable):
   projection: str = "layerwise"
   gate_channels: int = 32
   init: str = "official"
-  passes: int = 2
-  kv_refresh: bool = False
-  refine_passes: int = 3
-  refine_weights: tuple = ()
-  refine_detach: bool = False
   reset_at_segment_start: bool = True
 
   def __post_init__(self):
+    super().__post_init__()
     if self.projection not in LRT_PROJECTIONS:
       invalid("recurrence.projection", self.projection, f"one of {LRT_PROJECTIONS}")
     if self.init not in LRT_INITS:
       invalid("recurrence.init", self.init, f"one of {LRT_INITS}")
-    if not isinstance(self.passes, int) or self.passes < 1:
-      invalid("recurrence.passes", self.passes, "an integer >= 1 (and <= the sequence length)")
-    if not isinstance(self.refine_passes, int) or self.refine_passes < 0:
-      invalid("recurrence.refine_passes", self.refine_passes, "an integer >= 0")
-    weights = tuple(float(w) for w in (self.refine_weights or ()))
-    object.__setattr__(self, "refine_weights", weights)
-    if weights and (len(weights) != self.refine_passes + 1 or min(weights) < 0
-                    or not sum(weights) > 0):
-      invalid("recurrence.refine_weights", self.refine_weights,
-              f"empty (uniform) or refine_passes+1={self.refine_passes + 1} weights >= 0 "
-              "(passes 0..K) with a positive sum")
     if not isinstance(self.gate_channels, int) or self.gate_channels < 0:
       invalid("recurrence.gate_channels", self.gate_channels, "an integer >= 0 (0 = d_model)")
     if not (self.residual or self.key or self.value or self.value_embeds):
@@ -184,6 +230,45 @@ class LRTConfig(_Replaceable):
   def to_dict(self) -> dict:
     """The fields and the type name, as `recurrence_from_dict` reads them back."""
     return {"type": self.type, **dataclasses.asdict(self)}
+
+  def source_index(self, model: "ModelConfig") -> int:
+    """The memory's source layer as a non-negative index (n_layers-1 for -1: the final
+    normed state)."""
+    L = model.n_layers
+    if not -L <= self.source_layer < L:
+      invalid("recurrence.source_layer", self.source_layer,
+              f"-1 (the LM head's input) or a layer index in [{-L}, {L - 1}] for n_layers={L}")
+    if self.gate_channels > model.d_model:
+      invalid("recurrence.gate_channels", self.gate_channels, f"0..d_model={model.d_model}")
+    return self.source_layer % L
+
+  def span(self, model: "ModelConfig") -> tuple[int, int]:
+    """(first, last) layer of the recurrent span: 0..source layer (memory enters every
+    layer; the span ends where it is read)."""
+    source = self.source_index(model)
+    if model.value_embeds is not None:
+      invalid("value_embeds", model.value_embeds, "None with an LRT recurrence (LRT carries "
+              "its own per-layer value embeddings: recurrence.value_embeds)")
+    return 0, source
+
+  def num_params(self, model: "ModelConfig") -> int:
+    """Per layer: γ, the triple gate, value embeddings; W_k / W_v per layer or shared."""
+    D, L, V = model.d_model, model.n_layers, model.padded_vocab
+    kv = model.n_kv_heads * model.head_dim
+    C = self.gate_channels or D
+    proj = D * kv * (int(self.key) + int(self.value))
+    return (L * (int(self.residual) + C * 3 * model.n_kv_heads + (V * kv if self.value_embeds
+                                                                    else 0))
+            + proj * (L if self.projection == "layerwise" else 1))
+
+  def mixer_flops(self, model: "ModelConfig", tokens: int, layers=None) -> float:
+    """In each of the `layers` run (default all): W_k and W_v (D·N_kv·K each, when on) and
+    the triple gate (C·3·N_kv)."""
+    kv = model.n_kv_heads * model.head_dim
+    gate = (self.gate_channels or model.d_model) * 3 * model.n_kv_heads
+    per_layer = (int(self.key) + int(self.value)) * model.d_model * kv + gate
+    n = model.n_layers if layers is None else layers
+    return float(2 * n * per_layer * tokens)
 
 
 RecurrenceConfig = Union[T2MLRConfig, LRTConfig]
@@ -346,15 +431,10 @@ class ModelConfig(_Replaceable):
       invalid("ve_gate_channels", self.ve_gate_channels, f"an integer in [0, d_model={self.d_model}]")
     if isinstance(self.recurrence, dict):
       object.__setattr__(self, "recurrence", recurrence_from_dict(self.recurrence))
-    if isinstance(self.recurrence, T2MLRConfig):
-      self.recurrent_block  # validates the layer range
-    elif isinstance(self.recurrence, LRTConfig):
-      self.lrt_source_layer  # validates the source layer
-      if self.value_embeds is not None:
-        invalid("value_embeds", self.value_embeds, "None with an LRT recurrence (LRT carries "
-                "its own per-layer value embeddings: recurrence.value_embeds)")
-    elif self.recurrence is not None:
-      invalid("recurrence", self.recurrence, "None, a T2MLRConfig or an LRTConfig")
+    if self.recurrence is not None:
+      if not isinstance(self.recurrence, tuple(RECURRENCE_CONFIGS.values())):
+        invalid("recurrence", self.recurrence, "None, a T2MLRConfig or an LRTConfig")
+      self.recurrent_block  # validates the type's layers against the model
 
   def _check_windows(self):
     if self.window_pattern is None:
@@ -397,20 +477,6 @@ class ModelConfig(_Replaceable):
     m = self.pad_vocab_to
     return -(-self.vocab_size // m) * m
 
-  @property
-  def lrt_source_layer(self) -> int:
-    """The LRT memory's source layer as a non-negative index (n_layers-1 for -1: the
-    final normed state)."""
-    rec, L = self.recurrence, self.n_layers
-    if not isinstance(rec, LRTConfig):
-      raise ValueError("recurrence is not an LRTConfig")
-    if not -L <= rec.source_layer < L:
-      invalid("recurrence.source_layer", rec.source_layer,
-            f"-1 (the LM head's input) or a layer index in [{-L}, {L - 1}] for n_layers={L}")
-    if rec.gate_channels > self.d_model:
-      invalid("recurrence.gate_channels", rec.gate_channels, f"0..d_model={self.d_model}")
-    return rec.source_layer % L
-
   def to_dict(self) -> dict:
     """The fields as a plain dict, the recurrence with its type (JSON-ready)."""
     d = dataclasses.asdict(self)
@@ -421,24 +487,11 @@ class ModelConfig(_Replaceable):
   @property
   def recurrent_block(self) -> tuple[int, int]:
     """(first, last) layer of the recurrent span, resolved to non-negative indices, both
-    inclusive: the layers that exact mode runs token by token. T2MLR: l_start..l_end.
-    LRT: 0..source layer (memory enters every layer; the span ends where it is read)."""
-    rec = self.recurrence
-    if isinstance(rec, LRTConfig):
-      return 0, self.lrt_source_layer
-    if not isinstance(rec, T2MLRConfig):
+    inclusive: the layers that exact mode runs token by token (the type's `span`: T2MLR
+    l_start..l_end, LRT 0..source layer)."""
+    if self.recurrence is None:
       raise ValueError("recurrence is None: this model has no recurrent block")
-    L = self.n_layers
-    for name in ("l_start", "l_end"):
-      value = getattr(rec, name)
-      if not -L <= value < L:
-        invalid(f"recurrence.{name}", value, f"a layer index in [{-L}, {L - 1}] for n_layers={L}")
-    start, end = rec.l_start % L, rec.l_end % L
-    if start > end:
-      raise ValueError(
-          f"recurrence.l_start={rec.l_start} (layer {start}) is after recurrence.l_end="
-          f"{rec.l_end} (layer {end}): need l_start <= l_end, both inclusive, in [0, {L - 1}]")
-    return start, end
+    return self.recurrence.span(self)
 
   @property
   def segments(self) -> tuple[tuple[str, int, int], ...]:
@@ -456,8 +509,9 @@ class ModelConfig(_Replaceable):
       invalid("preset", name, f"one of {sorted(PRESETS)}")
     fields = {**PRESETS[name], **overrides}
     rec = fields.get("recurrence")
-    if (isinstance(rec, LRTConfig) or (isinstance(rec, dict) and rec.get("type") == "lrt")) \
-        and "value_embeds" not in overrides:
+    kind = (RECURRENCE_CONFIGS.get(rec.get("type", T2MLRConfig.type)) if isinstance(rec, dict)
+            else type(rec))
+    if getattr(kind, "replaces_value_embeds", False) and "value_embeds" not in overrides:
       fields["value_embeds"] = None    # as the release: LRT's own value embeddings replace them
     return cls(**fields)
 
@@ -474,13 +528,6 @@ class ModelConfig(_Replaceable):
     total += len(self.value_embed_layers) * (V * kv + (self.ve_gate_channels or D) * self.n_kv_heads)
     if not self.tie_embeddings:
       total += D * V
-    rec = self.recurrence
-    if isinstance(rec, T2MLRConfig):
-      total += 5 * D * D + 2 * D + 2 + (D if rec.cache_norm == "rmsnorm" else 0)
-    elif isinstance(rec, LRTConfig):
-      C = rec.gate_channels or D
-      proj = D * kv * (int(rec.key) + int(rec.value))
-      total += self.n_layers * (int(rec.residual) + C * 3 * self.n_kv_heads
-                                + (V * kv if rec.value_embeds else 0))
-      total += proj * (self.n_layers if rec.projection == "layerwise" else 1)
+    if self.recurrence is not None:
+      total += self.recurrence.num_params(self)
     return total

@@ -105,11 +105,10 @@ def _trained_tokenizer_hash(model: str):
 
 def views_for(cfg) -> list[str]:
   """parallel, the training view and exact for a recurrent model; parallel otherwise."""
-  from t2mlr_jax.model.modes import TRAINING_MODES
   rec = getattr(cfg, "recurrence", None)
   if rec is None:
     return ["parallel"]
-  return ["parallel", TRAINING_MODES[type(rec)][0], "exact"]
+  return ["parallel", rec.default_schedule, "exact"]
 
 
 def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",

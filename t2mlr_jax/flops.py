@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from t2mlr_jax.config import LRTConfig, ModelConfig
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.model import recurrence
 from t2mlr_jax.topologies import GENERATIONS
 
 # Dense peak FLOP/s per device, for MFU (bf16 unless noted): GPUs here, TPUs from the
@@ -44,19 +45,19 @@ def head_flops(cfg: ModelConfig, tokens: int) -> float:
   return float(2 * cfg.d_model * cfg.vocab_size * tokens)
 
 
-def mixer_flops(cfg: ModelConfig, tokens: int) -> float:
-  """The recurrence's own matmuls. T2MLR's fusion: W_rec (H²) and the two gates (2H·H
-  each), 5H² multiply-adds. LRT, in every layer: W_k and W_v (D·N_kv·K each, when on)
-  and the triple gate (C·3·N_kv)."""
-  rec = cfg.recurrence
-  if rec is None:
+def mixer_flops(cfg: ModelConfig, tokens: int, layers: Optional[int] = None) -> float:
+  """The recurrence's own matmuls over `layers` layers from the span's first on (default
+  all; its config's `mixer_flops`): T2MLR's fusion, 5H² multiply-adds once; LRT, in every
+  layer, W_k and W_v and the triple gate."""
+  return 0.0 if cfg.recurrence is None else cfg.recurrence.mixer_flops(cfg, tokens, layers)
+
+
+def _sweep0_mixer(cfg: ModelConfig, tokens: int, span_layers: int) -> float:
+  """Jacobi's sweep 0 runs the span without the recurrence when the type has the
+  `plain_state` hook (T2MLR), else from zero state, mixer included (LRT)."""
+  if recurrence.of(cfg).plain_state is not None:
     return 0.0
-  if isinstance(rec, LRTConfig):
-    kv = cfg.n_kv_heads * cfg.head_dim
-    gate = (rec.gate_channels or cfg.d_model) * 3 * cfg.n_kv_heads
-    per_layer = (int(rec.key) + int(rec.value)) * cfg.d_model * kv + gate
-    return float(2 * cfg.n_layers * per_layer * tokens)
-  return float(2 * 5 * cfg.d_model ** 2 * tokens)
+  return mixer_flops(cfg, tokens, span_layers)
 
 
 def _segment_layers(cfg: ModelConfig) -> dict:
@@ -68,11 +69,11 @@ def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "paral
                   d_forward: Optional[int] = None, sweeps: Optional[int] = None) -> float:
   """FLOPs of one forward pass in `mode`.
 
-  jacobi: lower once, sweep 0 + (sweeps - 1) middle sweeps with the mixer, then
-  the final middle + upper pass (SPEC §8); `sweeps` defaults to d_forward.
-  interleaved / chunked: two full passes' worth (pass 0, then the S passes whose queries
-  cover each position once, attending over all T keys). multi_refine: 1 + K full
-  passes (`sweeps` overrides K).
+  jacobi: lower once, sweep 0 + (sweeps - 1) span sweeps with the mixer, then
+  the final span + upper pass (SPEC §8); `sweeps` defaults to d_forward.
+  interleaved / chunked: pass 0 over every layer, then the S passes whose queries cover
+  each position once (attending over all T keys) from the span's first layer on.
+  multi_refine: pass 0, then K passes from the span on (`sweeps` overrides K).
   exact: every layer once plus the mixer (the token-by-token middle block does the
   same matmuls; its attention is over the causal prefix, counted as full here).
   """
@@ -82,25 +83,30 @@ def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "paral
   if cfg.recurrence is None:
     return out + cfg.n_layers * per_layer
   if mode == "parallel":      # LRT's zero-memory pass still runs its feedback matmuls
-    lrt = isinstance(cfg.recurrence, LRTConfig)
-    return out + cfg.n_layers * per_layer + (mixer_flops(cfg, tokens) if lrt else 0.0)
+    mixer = mixer_flops(cfg, tokens) if cfg.recurrence.parallel_runs_mixer else 0.0
+    return out + cfg.n_layers * per_layer + mixer
   n = _segment_layers(cfg)
   full = out + cfg.n_layers * per_layer + mixer_flops(cfg, tokens)
   if mode == "exact":
     return full
+  # a pass from the span on (the layers below never see the recurrence: they run once)
+  above = n["middle"] + n["upper"]
+  refined = out + above * per_layer + mixer_flops(cfg, tokens, above)
   if mode in ("interleaved", "chunked"):   # pass 0 + passes covering each position once
-    return 2 * full
+    return full + refined
   if mode == "multi_refine":
-    return (1 + (sweeps if sweeps is not None else cfg.recurrence.refine_passes)) * full
+    return full + (sweeps if sweeps is not None else cfg.recurrence.refine_passes) * refined
   if mode != "jacobi":
     raise ValueError(f"mode={mode!r} is invalid: allowed 'parallel', 'exact', 'jacobi', "
                      "'interleaved', 'chunked', 'multi_refine'")
   d_f = d_forward or cfg.recurrence.d_forward
   s = d_f if sweeps is None else sweeps
   middle = n["middle"] * per_layer
-  return (out + n["lower"] * per_layer + middle              # lower + sweep 0
-          + (s - 1) * (middle + mixer_flops(cfg, tokens))    # middle sweeps
-          + middle + mixer_flops(cfg, tokens) + n["upper"] * per_layer)   # final pass
+  span_mixer = mixer_flops(cfg, tokens, n["middle"])
+  return (out + n["lower"] * per_layer + middle                        # lower + sweep 0
+          + _sweep0_mixer(cfg, tokens, n["middle"])
+          + (s - 1) * (middle + span_mixer)                            # span sweeps
+          + middle + n["upper"] * per_layer + mixer_flops(cfg, tokens, above))  # final pass
 
 
 def train_step_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "parallel",
@@ -117,11 +123,13 @@ def train_step_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "pa
   d_f = d_forward or cfg.recurrence.d_forward
   d_b = d_backward or cfg.recurrence.d_backward
   grad_sweeps = min(d_b, d_f - 1)
-  middle = n["middle"] * per_layer + mixer_flops(cfg, tokens)
+  above = n["middle"] + n["upper"]
+  middle = n["middle"] * per_layer + mixer_flops(cfg, tokens, n["middle"])
+  sweep0 = n["middle"] * per_layer + _sweep0_mixer(cfg, tokens, n["middle"])
   with_grad = (head_flops(cfg, tokens) + n["lower"] * per_layer      # lower: once
-               + middle + n["upper"] * per_layer                      # final pass
+               + above * per_layer + mixer_flops(cfg, tokens, above)  # final pass
                + grad_sweeps * middle
-               + (n["middle"] * per_layer if d_b == d_f else 0.0))    # sweep 0 if it has grad
+               + (sweep0 if d_b == d_f else 0.0))                     # sweep 0 if it has grad
   return fwd + 2 * with_grad
 
 

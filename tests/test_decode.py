@@ -144,8 +144,9 @@ def test_parallel_jacobi_prefill_capped_at_T_equals_exact(model):
   np.testing.assert_allclose(jac_logits, exact_logits, atol=1e-5)
   np.testing.assert_array_equal(jac_new, exact_new)
   from t2mlr_jax.model import modes
+  from t2mlr_jax.model.schedules import jacobi as schedule
   inp = modes.seq_inputs(jnp.asarray(prompt))
-  aux = modes.jacobi_prefill(params, cfg, jnp.asarray(prompt), inp, tol=1e-6).aux
+  aux = schedule.jacobi_prefill(params, cfg, jnp.asarray(prompt), inp, tol=1e-6).aux
   assert 1 <= int(aux["jacobi_sweeps"]) <= 12
 
 

@@ -9,6 +9,8 @@ from t2mlr_jax import forward
 from t2mlr_jax.losses import cross_entropy, next_token_labels
 from t2mlr_jax.model import modes
 from t2mlr_jax.model.recurrence import t2mlr as rec
+from t2mlr_jax.model.sequence import context
+from t2mlr_jax.model.span import previous_states
 from t2mlr_jax.model.transformer import embed, head, run_layers, segment_params
 from _util import active_params, random_tokens, tiny_cfg
 
@@ -21,7 +23,7 @@ def reference_logits(params, deltas, cfg, tokens, d_f, d_b, truncate):
   of the gradient. With `truncate`, the cache entering sweep D_f - D_b is detached."""
   inp = modes.seq_inputs(tokens)
   h = embed(params, cfg, tokens)
-  ctx = modes._context(params, cfg, inp, tokens, h)
+  ctx = context(params, cfg, inp, tokens, h)
   run_segment = lambda p, x, first: run_layers(p, cfg, x, ctx, first)
   (_, lo, hi), = [s for s in cfg.segments if s[0] == "middle"]
   if lo:
@@ -29,15 +31,16 @@ def reference_logits(params, deltas, cfg, tokens, d_f, d_b, truncate):
   p_mid = segment_params(params, lo, hi)
   plus = lambda s: jax.tree.map(jnp.add, (p_mid, params["recurrence"]), deltas[s])
   pm, _ = plus(0)
-  R = rec.shift_right(run_segment(pm, h, lo)[0], inp.positions)
+  R = previous_states(cfg, run_segment(pm, h, lo)[0], inp.positions)
   for s in range(1, d_f):
     if truncate and s == d_f - d_b:
       R = jax.lax.stop_gradient(R)
     pm, pr = plus(s)
-    x, _ = rec.inject(pr, cfg, h, R, inp.control_flow)
+    x, _ = rec.enter({"recurrence": pr}, cfg, h, R, inp.control_flow)
     o, _ = run_segment(pm, x, lo)
-    R = rec.shift_right(rec.write(pr, cfg, o, R, inp.control_flow), inp.positions)
-  x, _ = rec.inject(params["recurrence"], cfg, h, R, inp.control_flow)
+    R = previous_states(cfg, rec.carry({"recurrence": pr}, cfg, o, R, inp.control_flow),
+                        inp.positions)
+  x, _ = rec.enter(params, cfg, h, R, inp.control_flow)
   o, _ = run_segment(p_mid, x, lo)
   if hi < cfg.n_layers:
     o, _ = run_segment(segment_params(params, hi, cfg.n_layers), o, hi)

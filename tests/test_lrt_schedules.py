@@ -10,7 +10,8 @@ from t2mlr_jax import forward, loss
 from t2mlr_jax.model import modes
 from t2mlr_jax.model.recurrence import lrt
 from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers
-from t2mlr_jax.model.interleaved import pass_positions
+from t2mlr_jax.model.schedules.interleaved import pass_positions
+from t2mlr_jax.model.sequence import context
 from _util import max_abs, random_tokens
 from test_recurrence_lrt import active, lrt_cfg
 
@@ -47,7 +48,7 @@ def _by_hand_refinement(params, cfg, tokens):
   tokens = jnp.asarray(tokens)
   inp = modes.seq_inputs(tokens)
   x0 = embed(params, cfg, tokens)
-  ctx = modes._context(params, cfg, inp, tokens, x0)
+  ctx = context(params, cfg, inp, tokens, x0)
   layers = params["layers"]
   x, _ = run_layers(layers, cfg, x0, ctx, 0)
   H = lrt.carry(params, cfg, x, None, inp.control_flow)           # source -1: head input
@@ -113,7 +114,7 @@ def test_interleaved_and_chunked_losses_average_their_passes(model):
     (dict(mode="multi_refine", refine_passes=2, refine_weights=(1.0, 1.0)), "refine_weights"),
     (dict(mode="multi_refine", passes=2), "passes is not an option of mode='multi_refine'"),
     (dict(mode="chunked", passes=T + 1), "passes"),
-    (dict(mode="chunked", d_forward=3), "d_forward is not an option of a lrt model"),
+    (dict(mode="chunked", d_forward=3), "d_forward is not an option of mode='chunked'"),
     (dict(mode="interleaved", refine_passes=-1), "refine_passes"),
 ])
 def test_bad_schedule_options(model, kw, match):

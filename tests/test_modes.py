@@ -187,7 +187,7 @@ def test_bf16_compute_keeps_fp32_params_and_recurrence():
     assert max_abs(out, ref) < 0.1          # bf16 activations, fp32 recurrence
   from t2mlr_jax.model.recurrence import t2mlr as rec
   h = jnp.ones((1, 2, cfg.d_model), jnp.bfloat16)
-  z = rec.write(params["recurrence"], bf16, h, jnp.zeros((1, 2, cfg.d_model)), jnp.array([[2, 2]]))
+  z = rec.carry(params, bf16, h, jnp.zeros((1, 2, cfg.d_model)), jnp.array([[2, 2]]))
   assert z.dtype == jnp.float32
 
 
@@ -355,20 +355,23 @@ def _hand_sweep(params, cfg, tokens, cf, h_lo=None, R=None):
   middle sweep from cache R. Returns (h_lo, next cache)."""
   from t2mlr_jax.model import modes
   from t2mlr_jax.model.recurrence import t2mlr as rec
+  from t2mlr_jax.model.sequence import context
+  from t2mlr_jax.model.span import previous_states
   from t2mlr_jax.model.transformer import embed, run_layers, segment_params
   inp = modes.seq_inputs(tokens, cf)
   x0 = embed(params, cfg, tokens)
-  ctx = modes._context(params, cfg, inp, tokens, x0)
+  ctx = context(params, cfg, inp, tokens, x0)
   (_, lo, hi), = [s for s in cfg.segments if s[0] == "middle"]
   p_mid, p_rec = segment_params(params, lo, hi), params["recurrence"]
   if h_lo is None:
     h_lo = run_layers(segment_params(params, 0, lo), cfg, x0, ctx, 0)[0] if lo else x0
     o = run_layers(p_mid, cfg, h_lo, ctx, lo)[0]
-    return h_lo, rec.shift_right(jnp.where((inp.control_flow == 0)[..., None], 0.0, o),
+    return h_lo, previous_states(cfg, jnp.where((inp.control_flow == 0)[..., None], 0.0, o),
                                  inp.positions)
-  x, _ = rec.inject(p_rec, cfg, h_lo, R, inp.control_flow)
+  x, _ = rec.enter(params, cfg, h_lo, R, inp.control_flow)
   o = run_layers(p_mid, cfg, x, ctx, lo)[0]
-  return h_lo, rec.shift_right(rec.write(p_rec, cfg, o, R, inp.control_flow), inp.positions)
+  return h_lo, previous_states(cfg, rec.carry(params, cfg, o, R, inp.control_flow),
+                               inp.positions)
 
 
 _hand_sweep = jax.jit(_hand_sweep, static_argnums=1)
@@ -450,7 +453,7 @@ def test_jacobi_tolerance_does_not_stop_on_sweep_zero():
   between it and the smallest real change (δ_k ≥ 0.6 for 1 <= k < T) must still sweep
   until the caches stop moving (k = T). Stopping on δ_0 ran no sweep and left the logits
   0.48 off the exact ones; `generate(prefill="jacobi", prefill_tol=...)` shares the loop
-  (`modes._iterate`)."""
+  (`schedules.jacobi._iterate`)."""
   cfg = tiny_cfg()
   params = active_params(cfg, gamma_rec=0.3)
   tokens = random_tokens(cfg, 2, T)

@@ -193,7 +193,8 @@ def test_left_padded_generate_equals_one_at_a_time(model):
     (lambda: lrt_cfg().replace(window_long=32), "window_long"),
     (lambda: lrt_cfg().replace(window_pattern="SXL"), "window_pattern"),
     (lambda: ModelConfig(recurrence={"type": "lrt", "l_start": 1}), "l_start"),
-    (lambda: ModelConfig(recurrence={"type": "t2mlr", "passes": 2}), "passes"),
+    (lambda: ModelConfig(recurrence={"type": "t2mlr", "passes": 0}), "passes"),
+    (lambda: ModelConfig(recurrence={"type": "lrt", "d_backward": 0}), "d_backward"),
     (lambda: recurrence_from_dict({"type": "rnn"}), "type"),
 ])
 def test_bad_config(make, field):
@@ -206,18 +207,16 @@ def test_bad_mode_options(model):
   tokens = random_tokens(cfg, 1, T)
   with pytest.raises(ValueError, match="passes"):
     forward(params, cfg, tokens, mode="interleaved", passes=T + 1)
-  with pytest.raises(ValueError, match="jacobi"):
-    forward(params, cfg, tokens, mode="jacobi")
-  with pytest.raises(ValueError, match="d_forward"):
+  with pytest.raises(ValueError, match="d_forward is not an option of mode='interleaved'"):
     forward(params, cfg, tokens, mode="interleaved", d_forward=4)
   with pytest.raises(ValueError, match="prefill"):
-    generate(params, cfg, tokens, max_new_tokens=2, prefill="jacobi")
+    generate(params, cfg, tokens, max_new_tokens=2, prefill="sweeps")
   t2 = ModelConfig(vocab_size=37, d_model=32, n_layers=3, n_heads=4, d_ff=64,
                    recurrence=T2MLRConfig(l_start=1, l_end=1))
   t2_params = init_params(t2, jax.random.PRNGKey(0))
-  with pytest.raises(ValueError, match="interleaved"):
-    forward(t2_params, t2, tokens, mode="interleaved")
-  with pytest.raises(ValueError, match="passes"):
+  with pytest.raises(ValueError, match="kv_refresh=True is invalid for a t2mlr model"):
+    forward(t2_params, t2, tokens, mode="interleaved", kv_refresh=True)
+  with pytest.raises(ValueError, match="passes is not an option of mode='jacobi'"):
     forward(t2_params, t2, tokens, mode="jacobi", passes=2)
 
 

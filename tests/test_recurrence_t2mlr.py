@@ -6,6 +6,7 @@ import numpy as np
 
 from t2mlr_jax import T2MLRConfig, init_params
 from t2mlr_jax.model.recurrence import t2mlr as rec
+from t2mlr_jax.model.span import previous_states
 from _util import tiny_cfg
 
 
@@ -25,7 +26,7 @@ def test_initialisation():
   assert float(jnp.max(jnp.abs(w))) <= 1 / np.sqrt(H) and float(jnp.std(w)) > 0.3 / np.sqrt(H)
 
 
-def test_inject_and_write_by_hand():
+def test_enter_and_carry_by_hand():
   cfg = tiny_cfg()
   H = cfg.d_model
   p = init_params(cfg, jax.random.PRNGKey(1))["recurrence"]
@@ -33,7 +34,7 @@ def test_inject_and_write_by_hand():
   k1, k2 = jax.random.split(jax.random.PRNGKey(2))
   h, R = jax.random.normal(k1, (1, 3, H)), jax.random.normal(k2, (1, 3, H))
   cf = jnp.array([[0, 1, 2]])
-  out, _ = rec.inject(p, cfg, h, R, cf)
+  out, _ = rec.enter({"recurrence": p}, cfg, h, R, cf)
   r = R @ p["w_rec"]["kernel"]
   g = jnp.concatenate([h, r], -1)
   s_rec = jax.nn.sigmoid(g @ p["f_rec"]["kernel"] + p["f_rec"]["bias"])
@@ -43,7 +44,7 @@ def test_inject_and_write_by_hand():
   np.testing.assert_array_equal(out[0, :2], h[0, :2])      # cf 0/1: unchanged
 
   o = 10.0 * jax.random.normal(k1, (1, 3, H))
-  z = rec.write(p, cfg, o, R, cf)
+  z = rec.carry({"recurrence": p}, cfg, o, R, cf)
   zz = o[0, 2] + R[0, 2]
   scale = np.clip(1 / np.sqrt(np.mean(zz ** 2) + 1e-6), 0.2, 5.0)
   np.testing.assert_allclose(z[0, 2], zz * scale, rtol=1e-5)
@@ -54,4 +55,5 @@ def test_inject_and_write_by_hand():
 def test_shift_resets_at_segment_starts():
   Z = jnp.arange(1.0, 7.0).reshape(1, 6, 1)
   pos = jnp.array([[0, 1, 2, 0, 1, 2]])
-  np.testing.assert_array_equal(rec.shift_right(Z, pos)[0, :, 0], [0, 1, 2, 0, 4, 5])
+  np.testing.assert_array_equal(previous_states(tiny_cfg(), Z, pos)[0, :, 0],
+                                [0, 1, 2, 0, 4, 5])

@@ -75,8 +75,9 @@ def test_interleaved_training_resumes_bit_identically(reference, tmp_path):
 
 
 @pytest.mark.parametrize("edit,match", [
-    (lambda c: c.train.update(mode="jacobi"), r"train.mode='jacobi' is invalid: allowed "
-     r"'auto', 'parallel', 'exact' or one of \('interleaved', 'chunked', 'multi_refine'\)"),
+    (lambda c: c.train.update(mode="sweeps"), r"train.mode='sweeps' is invalid: allowed "
+     r"one of \('auto', 'parallel', 'exact', 'jacobi', 'interleaved', 'chunked', "
+     r"'multi_refine'\)"),
     (lambda c: c.model.recurrence.update(passes=99), r"model.recurrence.passes=99 is invalid"),
     (lambda c: c.model.recurrence.update(projection="tied"), r"recurrence.projection='tied'"),
 ])

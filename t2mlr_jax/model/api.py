@@ -14,6 +14,8 @@ from t2mlr_jax.losses import (chunked_cross_entropy, cross_entropy, next_token_l
                               supervised)
 from t2mlr_jax.model import lstm
 from t2mlr_jax.model.modes import HIDDEN_MODES, forward, hidden_states
+from t2mlr_jax.model.modes import mode_options as resolve_mode_options
+from t2mlr_jax.model.schedules.interleaved import pass_positions
 from t2mlr_jax.model.transformer import head, init_params
 
 AnyModelConfig = Union[ModelConfig, lstm.LSTMConfig]
@@ -100,9 +102,7 @@ def _total(totals, i):
 
 def _pass_losses(cfg, mode, pass_logits, labels, given, totals=None):
   """(loss, per-pass losses) of an LRT training schedule's passes (see `loss`)."""
-  from t2mlr_jax.model.interleaved import pass_positions
-  from t2mlr_jax.model.modes import mode_options
-  opts = mode_options(cfg, mode, labels.shape[1], **given)
+  opts = resolve_mode_options(cfg, mode, labels.shape[1], **given)
   if mode == "multi_refine":
     per_pass = jax.vmap(lambda lg: cross_entropy(lg, labels, total=_total(totals, 0))[0])(
         pass_logits)
@@ -124,9 +124,7 @@ def loss_token_totals(cfg: AnyModelConfig, mode: str, labels_BT, **mode_options)
   total = jnp.sum(supervised(labels_BT))
   if mode not in ("interleaved", "chunked") or not isinstance(cfg, ModelConfig):
     return total[None]
-  from t2mlr_jax.model.interleaved import pass_positions
-  from t2mlr_jax.model.modes import mode_options as resolve_options
-  opts = resolve_options(cfg, mode, labels_BT.shape[1], **mode_options)
+  opts = resolve_mode_options(cfg, mode, labels_BT.shape[1], **mode_options)
   sets = pass_positions(labels_BT.shape[1], opts["passes"], mode)
   return jnp.stack([total] + [jnp.sum(supervised(labels_BT[:, P])) for P in sets])
 

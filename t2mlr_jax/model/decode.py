@@ -18,11 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence
+from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
 from t2mlr_jax.model.layers import KV, attention_mask, rope_tables, to_cache
-from t2mlr_jax.model.modes import (SeqInputs, check_tokens, exact, jacobi_prefill, parallel,
-                                   side_inputs)
+from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, parallel
+from t2mlr_jax.model.schedules.jacobi import jacobi_prefill
+from t2mlr_jax.model.sequence import side_inputs
+from t2mlr_jax.model.span import run_span
 from t2mlr_jax.model.transformer import (LayerCtx, embed, head, run_layers, split_layers,
                                         value_embed_inputs)
 
@@ -42,7 +45,7 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
   """Run the prompt; returns (last-position logits [B,V], DecodeState).
 
   method "exact": token by token through the recurrent block (the default);
-  "jacobi" (T2MLR): parallel Jacobi sweeps until max|ΔR| < tol, capped at T sweeps
+  "jacobi" (any recurrence type): parallel Jacobi sweeps until max|ΔR| < tol, capped at T sweeps
   (exact by construction when tol is None). With a non-recurrent prompt (all cf <= 1,
   known statically) both are the parallel pass plus the state the last position leaves.
   """
@@ -56,7 +59,7 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
     R = recurrence.zero_state(cfg, B)
   per_layer = tuple(to_cache(KV(kvs[name].k[i], kvs[name].v[i]), cache_len)
                     for name, lo, hi in cfg.segments for i in range(hi - lo))
-  valid = jnp.pad(inp.control_flow != recurrence.CF_PAD, ((0, 0), (0, cache_len - T)))
+  valid = jnp.pad(inp.control_flow != CF_PAD, ((0, 0), (0, cache_len - T)))
   state = DecodeState(per_layer, R, valid, jnp.asarray(T, jnp.int32), inp.positions[:, -1] + 1)
   return logits[:, -1], state
 
@@ -74,23 +77,25 @@ def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B, layers=No
   mask = attention_mask(jnp.full((B, 1), idx), valid)
   pos = state.positions[:, None]
   rope = rope_tables(cfg, pos)
-  cf = jnp.full((B, 1), recurrence.CF_RECURRENT, jnp.int32)
+  cf = jnp.full((B, 1), CF_RECURRENT, jnp.int32)
   tok = token_B[:, None]
   x, R, kv = embed(params, cfg, tok), state.R, []
   x0, mem = x, None
   dist = (idx - jnp.arange(state.valid.shape[1]))[None, None]
   for name, lo, hi in cfg.segments:
-    if name == "middle":
-      kind = recurrence.of(cfg)
-      R_read = kind.read(cfg, R[:, None], pos, jnp.broadcast_to(idx, pos.shape))
-      x, _ = kind.enter(params, cfg, x, R_read, cf)
-      mem = kind.memory(cfg, R_read, cf)
     side = side_inputs(params, cfg, x0, tok, dist, mem)
     ctx = LayerCtx(rope, mask, side, value_embed_inputs(params, cfg, tok))
-    x, caches = run_layers(layers[lo:hi], cfg, x, ctx, lo, state.kv[lo:hi], idx)
+    if name == "middle":         # the span reads the state the previous token left
+      kind = recurrence.of(cfg)
+      R_read = kind.read(cfg, R[:, None], pos, jnp.broadcast_to(idx, pos.shape))
+      out = run_span(params, cfg, (lo, layers[lo:hi]), x, R_read, ctx, cf,
+                     kvs=state.kv[lo:hi], index=idx, kv_kind="cache")
+      x, caches, R = out.o, out.kv, out.state[:, 0]
+      mem = None if out.ctx.side is None else out.ctx.side.memory   # the layers above read it
+    else:
+      x, caches = run_layers(layers[lo:hi], cfg, x, ctx, lo, state.kv[lo:hi], idx,
+                             kv_kind="cache")
     kv.extend(caches)
-    if name == "middle":
-      R = kind.carry(params, cfg, x, R_read, cf)[:, 0]
   logits = head(params, cfg, x)[:, 0]
   return logits, DecodeState(tuple(kv), R, valid, idx + 1, state.positions + 1)
 
@@ -122,7 +127,7 @@ def _prefill_left_padded(params, cfg, prompt, lengths, cache_len, prompt_cf,
   pad = P - lengths
   t = jnp.arange(P)[None, :]
   valid = t >= pad[:, None]
-  inp = SeqInputs(jnp.where(valid, prompt_cf, recurrence.CF_PAD).astype(jnp.int32),
+  inp = SeqInputs(jnp.where(valid, prompt_cf, CF_PAD).astype(jnp.int32),
                   jnp.maximum(t - pad[:, None], 0).astype(jnp.int32), None)
   return prefill(params, cfg, prompt, inp, cache_len, recurrent_prompt=recurrent_prompt,
                  method=method, tol=tol)
@@ -178,7 +183,7 @@ def _prompt_control_flow(value, B: int, P: int):
     if value not in (1, 2):
       raise ValueError(f"prompt_control_flow={value!r} is invalid: allowed 1, 2 or a [B, P] "
                        "array of them (1 non-recurrent, 2 recurrent)")
-    return jnp.full((B, P), int(value), jnp.int32), int(value) == recurrence.CF_RECURRENT
+    return jnp.full((B, P), int(value), jnp.int32), int(value) == CF_RECURRENT
   if isinstance(value, jax.core.Tracer):
     raise ValueError("prompt_control_flow must be concrete (an int or a numpy array): "
                      "whether the prompt is recurrent decides how it is prefilled")
@@ -190,7 +195,7 @@ def _prompt_control_flow(value, B: int, P: int):
   if bad:
     raise ValueError(f"prompt_control_flow holds {bad}: allowed 1 (non-recurrent) and 2 "
                      "(recurrent); entries at left padding are ignored")
-  return jnp.asarray(cf, jnp.int32), bool((cf == recurrence.CF_RECURRENT).any())
+  return jnp.asarray(cf, jnp.int32), bool((cf == CF_RECURRENT).any())
 
 
 def _lengths_from_pad(prompt_tokens, pad_id: int, prompt_lengths):
@@ -223,10 +228,6 @@ def _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top
   recurrent_prompt)."""
   if prefill not in PREFILLS:
     raise ValueError(f"prefill={prefill!r} is invalid: allowed one of {PREFILLS}")
-  if prefill == "jacobi" and cfg.recurrence is not None and not isinstance(
-      cfg.recurrence, T2MLRConfig):
-    raise ValueError(f"prefill='jacobi' is invalid for a {cfg.recurrence.type} model: "
-                     "allowed 'exact' (Jacobi sweeps are T2MLR's)")
   if prefill_tol is not None and not prefill_tol > 0:
     raise ValueError(f"prefill_tol={prefill_tol!r} is invalid: allowed None or > 0")
   check_tokens(cfg, prompt_tokens, "prompt_tokens")

@@ -1,7 +1,7 @@
 """Attention kernels for full sequences (training and parallel forwards), chosen by
 `ModelConfig.attention`:
 
-  xla     `layers.attend` (any backend, any mask: the reference);
+  xla     `attention.attend` (any backend, any mask: the reference);
   cudnn   `jax.nn.dot_product_attention(implementation="cudnn")`: GPU only, fp16/bf16;
   splash  the Pallas TPU splash-attention kernel shipped with JAX: causal, segment ids
           (packed documents; padding is its own segment), local windows (its band
@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ATTENTION_IMPLS, invalid
-from t2mlr_jax.model.layers import attend
+from t2mlr_jax.model.attention import attend
+from t2mlr_jax.sharding import batch_axes
 from t2mlr_jax.topologies import generation_of
 
 SPLASH_BLOCK = 128
@@ -161,7 +162,6 @@ def _splash(q_BTNK, k_BTMK, v_BTMK, segments_BT, window=None):
   ('data', 'fsdp') and the heads over 'tensor' where they divide, else replicated."""
   from jax.sharding import PartitionSpec as P
 
-  from t2mlr_jax.sharding import batch_axes
   local = functools.partial(_splash_local, window=window)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:

@@ -12,7 +12,6 @@ layer (LRT) arrives through `LayerSide` and the recurrence's per-layer module.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable, NamedTuple, Optional
 
@@ -22,8 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.model import kernels
+from t2mlr_jax.model.attention import NEG_INF, attend
 
-NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 
 def compute_dtype(cfg: ModelConfig):
@@ -165,53 +165,6 @@ def from_cache(kv: "KV", batch: int) -> "KV":
   return KV(conv(kv.k), conv(kv.v))
 
 
-def attend(q_BTNK, k_BSMK, v_BSMK, mask_BTS):
-  """Grouped-query attention of a full sequence over its own keys: [B, T, N, K].
-
-  M = N_kv key heads; query head n reads key head n // (N / M). Scores and softmax
-  in fp32; a query with no visible key (padding) attends to nothing (output 0).
-  Heads run batch-major ([B, M, G·T, K]) through `_attention_core`, whose backward
-  is written out: on XLA:CPU its forward+backward is 2.1x faster than autodiff of
-  `jax.nn.dot_product_attention` at the S5 shape (docs/performance.md).
-  """
-  B, T, N, K = q_BTNK.shape
-  M = k_BSMK.shape[2]
-  G = N // M
-  q = jnp.transpose(q_BTNK.reshape(B, T, M, G, K), (0, 2, 3, 1, 4)).reshape(B, M, G * T, K)
-  k, v = jnp.transpose(k_BSMK, (0, 2, 1, 3)), jnp.transpose(v_BSMK, (0, 2, 1, 3))
-  mask = jnp.tile(mask_BTS, (1, G, 1))[:, None]                      # [B, 1, G·T, S]
-  out = _attention_core(q, k, v, mask, 1.0 / math.sqrt(K))           # [B, M, G·T, K]
-  out = jnp.transpose(out.reshape(B, M, G, T, K), (0, 3, 1, 2, 4)).reshape(B, T, N, K)
-  has_key = jnp.any(mask_BTS, axis=-1)[:, :, None, None]
-  return jnp.where(has_key, out, jnp.zeros((), out.dtype))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention_core(q, k, v, mask, scale):
-  """softmax(scale · q kᵀ, masked) v over [B, M, T', K] heads (T' = G·T)."""
-  return _attention_core_fwd(q, k, v, mask, scale)[0]
-
-
-def _attention_core_fwd(q, k, v, mask, scale):
-  s = jnp.einsum("bmtk,bmsk->bmts", q, k, preferred_element_type=jnp.float32) * scale
-  p = jax.nn.softmax(jnp.where(mask, s, NEG_INF), axis=-1)
-  out = jnp.einsum("bmts,bmsk->bmtk", p.astype(v.dtype), v)
-  return out, (q, k, v, mask, p)
-
-
-def _attention_core_bwd(scale, res, d_out):
-  q, k, v, mask, p = res
-  d_v = jnp.einsum("bmts,bmtk->bmsk", p.astype(v.dtype), d_out.astype(v.dtype))
-  d_p = jnp.einsum("bmtk,bmsk->bmts", d_out, v, preferred_element_type=jnp.float32)
-  d_s = (p * (d_p - jnp.sum(d_p * p, axis=-1, keepdims=True)) * scale).astype(q.dtype)
-  d_q = jnp.einsum("bmts,bmsk->bmtk", d_s, k)
-  d_k = jnp.einsum("bmts,bmtk->bmsk", d_s, q)
-  return d_q, d_k.astype(k.dtype), d_v, None
-
-
-_attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
-
-
 class KV(NamedTuple):
   """Keys and values of one layer (or a stack of layers: a leading layer axis).
 
@@ -224,15 +177,23 @@ class KV(NamedTuple):
   v: jnp.ndarray
 
 
+KV_KINDS = ("cache", "buffer")
+
+
 class Attention(nn.Module):
   """Causal grouped-query self-attention with RoPE (or NoPE), optional q/k/v bias and
   QK-norm. `mix(k, v) -> (k, v, extra)`, when given, rewrites this layer's keys and values
-  before RoPE (LRT's gated feedback); `extra` is returned beside the keys/values."""
+  before RoPE (LRT's gated feedback); `extra` is returned beside the keys/values.
+
+  Keys come from one of three places, named by `kv_kind` (one of KV_KINDS) when `kv` is
+  given: the sequence's own fresh keys (kv None), a decode "cache" [B·N_kv, S, K] this
+  token's keys are written into at slot `index`, or a full-length "buffer"
+  [B, S, N_kv, K] whose rows `index` are overwritten (LRT-style refinement passes)."""
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None, mix=None,
-               segments=None, window=None):
+               segments=None, window=None, kv_kind: Optional[str] = None):
     cfg = self.cfg
     dt = compute_dtype(cfg)
     N, Nk, K = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -255,15 +216,14 @@ class Attention(nn.Module):
       if segments is None:
         out = attend(q, k, v, mask_BTS)
       else:                 # a fused kernel (model/kernels.py), causal within segments
-        from t2mlr_jax.model import kernels
         out = kernels.attend_full(kernels.resolve(cfg.attention, cfg.dtype), q, k, v,
                                   mask_BTS, segments, window, cfg.layer_windows or ())
-    elif kv.k.ndim == 4:    # rows `index` of a full-length buffer [B, S, N_kv, K] rewritten
+    elif kv_kind == "buffer":   # rows `index` of a full-length buffer [B, S, N_kv, K] rewritten
       kv = KV(kv.k.at[:, index].set(k.astype(kv.k.dtype)),
               kv.v.at[:, index].set(v.astype(kv.v.dtype)))
       chex.assert_shape(mask_BTS, (B, T, kv.k.shape[1]))
       out = attend(q, kv.k.astype(dt), kv.v.astype(dt), mask_BTS)
-    else:                   # one new token: written into the cache first, then attends over it
+    elif kv_kind == "cache":    # one new token: written into the cache first, then attends
       if T != 1:
         raise ValueError(f"attention over a cache takes one token per step, got T={T}")
       kv = write_kv(kv, KV(k, v), index)
@@ -275,6 +235,8 @@ class Attention(nn.Module):
       mask = jnp.repeat(mask_BTS, Nk, axis=0)                    # [B·N_kv, 1, S]
       probs = jnp.where(mask, jax.nn.softmax(jnp.where(mask, logits, NEG_INF), axis=-1), 0.0)
       out = jnp.einsum("xgs,xsk->xgk", probs.astype(dt), kv.v.astype(dt))
+    else:
+      raise ValueError(f"kv_kind={kv_kind!r} is invalid with kv given: allowed one of {KV_KINDS}")
     out = out.reshape(B, T, N * K)
     y = nn.Dense(cfg.d_model, use_bias=False, dtype=dt, param_dtype=jnp.float32,
                  kernel_init=dense_init(cfg), name="o")(out)
@@ -370,43 +332,3 @@ class LayerSide(NamedTuple):
   shared: Optional[dict] = None
   dist: Optional[jnp.ndarray] = None
   keep: bool = False
-
-
-class Block(nn.Module):
-  """Pre-norm decoder block; returns (x_out, KV): the sequence's own keys/values, or
-  with a cache, the cache with this token's keys written at `index`.
-
-  `window`: this layer's attention window (None: full). `ve`: (value-embedding rows
-  [B, T, N_kv·K], gate kernel [C, N_kv]) of this layer (`value_embeds`; zeros on layers
-  without a table), or with LRT (its value-embedding rows,). With `side.memory` the recurrence's per-layer module
-  (`recurrence.layer_module`) adds its memory paths."""
-  cfg: ModelConfig
-
-  @nn.compact
-  def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None,
-               side: Optional[LayerSide] = None, window=None, ve=None, segments=None):
-    cfg = self.cfg
-    dt = compute_dtype(cfg)
-    x = x_BTD
-    if cfg.resid_lambdas:
-      x = self.param("resid_lambda", nn.initializers.ones, (), jnp.float32).astype(dt) * x
-    if cfg.x0_lambdas:
-      beta = self.param("x0_lambda", nn.initializers.constant(0.1), (), jnp.float32)
-      x = x + beta.astype(dt) * side.x0
-    if window is not None:
-      mask_BTS = mask_BTS & (side.dist <= window)
-    mix = None
-    if side is not None and side.memory is not None:
-      from t2mlr_jax.model.recurrence import layer_module
-      memory = layer_module(cfg)(cfg, name="memory")
-      x = memory.inject(x, side.memory)
-    h = norm(cfg, "attn_norm")(x)
-    if side is not None and side.memory is not None:
-      mix = memory.mixer(h, side, ve)
-    elif ve is not None:
-      mix = value_embed_mixer(cfg, h, *ve)
-    a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index, mix, segments,
-                                            window)
-    x = x + a
-    h = norm(cfg, "mlp_norm")(x)
-    return x + MLP(cfg, name="mlp")(h), kv_out

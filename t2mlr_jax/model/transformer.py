@@ -18,10 +18,11 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from t2mlr_jax.config import LRTConfig, ModelConfig
+from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.sharding import constrain_batch
 from t2mlr_jax.model import recurrence
-from t2mlr_jax.model.layers import (Block, LayerSide, Rope, compute_dtype, final_norm,
+from t2mlr_jax.model.block import Block
+from t2mlr_jax.model.layers import (LayerSide, Rope, compute_dtype, final_norm,
                                     rms_normalize, rope_tables)
 
 
@@ -132,9 +133,10 @@ def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:
   `value_embeds`: (rows [L, B, T, N_kv·K], gate kernels [L, C, N_kv]), zeros on the
   layers without a table (adding zero leaves their values as they are). LRT's
   `recurrence.value_embeds`: (rows [L, B, T, N_kv·K],). None when neither."""
-  rec = cfg.recurrence
-  if isinstance(rec, LRTConfig) and rec.value_embeds:
-    return (params["layers"]["memory"]["ve"][:, tokens_BT],)
+  if cfg.recurrence is not None:
+    rows = recurrence.of(cfg).value_embed_rows(params, cfg, tokens_BT)
+    if rows is not None:
+      return rows
   if cfg.value_embeds is None:
     return None
   ve = params["value_embeds"]
@@ -147,7 +149,7 @@ def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:
 
 
 def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=None,
-               index=None, keep_last: bool = False):
+               index=None, keep_last: bool = False, kv_kind: Optional[str] = None):
   """Run layers first, first+1, ... over x; returns (x, per-layer keys/values).
 
   `layers`: a stacked tree [n, ...] (run with `lax.scan` when cfg.scan_layers; outputs
@@ -162,7 +164,7 @@ def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=N
   block = Block(cfg)
 
   def layer(x, p, kv, window, ve=None):
-    args = (x, ctx.rope, ctx.mask, kv, index, ctx.side, window, ve, ctx.segments)
+    args = (x, ctx.rope, ctx.mask, kv, index, ctx.side, window, ve, ctx.segments, kv_kind)
     if not ctx.collect:
       y, out = block.apply({"params": p}, *args)
     else:

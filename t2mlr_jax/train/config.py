@@ -15,12 +15,12 @@ from ml_collections import config_dict
 from t2mlr_jax.config import (RECURRENCE_CONFIGS, ModelConfig, invalid,
                               recurrence_from_dict)
 from t2mlr_jax.model.lstm import LSTMConfig
-from t2mlr_jax.model.modes import MODE_OPTIONS, TRAINING_MODES
+from t2mlr_jax.model.modes import HIDDEN_MODES, MODES, mode_options
 from t2mlr_jax.train.optimizer import OPTIMIZERS
 
 ARCHS = ("transformer", "lstm")
 RECURRENCE_TYPES = ("none", "t2mlr", "lrt")
-TRAIN_MODES = ("auto", "parallel", "exact", "jacobi", "interleaved", "chunked", "multi_refine")
+TRAIN_MODES = ("auto", *MODES)
 # ModelConfig fields an experiment config passes through unchanged (nanochat's options).
 BACKBONE_FIELDS = ("norm_scale", "embed_norm", "qk_norm", "mlp_type", "logit_softcap",
                    "resid_lambdas", "x0_lambdas", "window_pattern", "window_short",
@@ -83,7 +83,13 @@ def base_config() -> config_dict.ConfigDict:
           cache_norm_eps=1e-6,
           cache_norm_clip=5.0,    # clipped_rms: clip of the normalised cache
           gate_init=0.5,          # sigmoid gates start at this value
-          gate_gain=1.0))         # Xavier gain of the fusion (1e-2 for retrofits)
+          gate_gain=1.0,          # Xavier gain of the fusion (1e-2 for retrofits)
+          # the other schedules' options (every schedule trains every type: train.mode)
+          passes=2,               # interleaved / chunked: S passes
+          kv_refresh=False,       # (LRT's K/V refresh; refused for T2MLR)
+          refine_passes=3,        # multi_refine: K passes after pass 0
+          refine_weights=(),      # multi_refine: loss weight per pass 0..K (empty: uniform)
+          refine_detach=False))   # multi_refine: no gradient between passes
   c.model.rope_theta = 10000.0
   c.train = dict(
       num_steps=1000,
@@ -182,7 +188,7 @@ def recurrence_config(kind: str, **overrides) -> config_dict.ConfigDict:
           f"a field of {kind}: {sorted(k for k in fields if k != 'type')}")
   fields.update(overrides)
   c = config_dict.ConfigDict(fields)
-  if kind == "t2mlr" and c.jacobi_tol is None:
+  if c.jacobi_tol is None:
     c.jacobi_tol = config_dict.placeholder(float)
   return c
 
@@ -244,20 +250,15 @@ def _model_field_error(text: str, m) -> str:
 
 def train_mode(config, cfg) -> str:
   """The forward mode of the train step; "auto": the recurrence type's default training
-  schedule (T2MLR: jacobi, LRT: interleaved), parallel without a recurrence."""
+  schedule (T2MLR: jacobi, LRT: interleaved), parallel without a recurrence. Every
+  schedule trains every recurrence type."""
   mode = config.train.mode
   if mode not in TRAIN_MODES:
     _fail("train.mode", mode, f"one of {TRAIN_MODES}")
   rec = cfg.recurrence if isinstance(cfg, ModelConfig) else None
   if rec is None:
     return "parallel" if mode == "auto" else mode
-  own = TRAINING_MODES[type(rec)]
-  if mode == "auto":
-    return own[0]
-  if mode in MODE_OPTIONS and mode not in own:
-    _fail("train.mode", mode, f"'auto', 'parallel', 'exact' or one of {own} for a {rec.type} "
-          "model")
-  return mode
+  return rec.default_schedule if mode == "auto" else mode
 
 
 def validate(config):
@@ -330,9 +331,13 @@ def validate(config):
     _warn_exact_memory(cfg, t.batch_size, t.seq_len)
   if mode in ("interleaved", "chunked") and not rec.passes <= t.seq_len:
     _fail("model.recurrence.passes", rec.passes, f"1 <= passes <= train.seq_len={t.seq_len}")
+  if mode in ("interleaved", "chunked") and rec.kv_refresh:
+    try:
+      mode_options(cfg, mode, t.seq_len)
+    except ValueError as e:
+      raise ValueError(f"config field model.recurrence.{e}") from None
   chunk = t.get("loss_chunk")
   if chunk is not None:
-    from t2mlr_jax.model.modes import HIDDEN_MODES
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
       _fail("train.loss_chunk", chunk, "None or an integer >= 1 (positions per chunk)")
     if not isinstance(cfg, ModelConfig) or (rec is not None and mode not in HIDDEN_MODES):

@@ -1,11 +1,13 @@
 """Train state, sharded initialisation, the jit-compiled train step, eval logits.
 
-The train step runs the model's training mode (T2MLR: `jacobi`; LRT: `interleaved`,
-`chunked` or `multi_refine`; `parallel` for baselines) through `t2mlr_jax.loss`
-(negative labels are not supervised), skips the update and raises a sticky flag when
-the loss or gradient is not finite, and returns metrics: loss, grad norm, LR, supervised
-tokens; T2MLR: γ values, gate means, the Jacobi residual and the sweeps run; LRT: the
-per-pass losses and, per layer, α / β / γ and the mean local / fb / ve gates.
+The train step runs the model's training schedule (any of `jacobi`, `interleaved`,
+`chunked`, `multi_refine` for either recurrence type, by default T2MLR's `jacobi` and
+LRT's `interleaved`; `parallel` for baselines) through `t2mlr_jax.loss` (negative labels
+are not supervised), skips the update and raises a sticky flag when the loss or gradient
+is not finite, and returns metrics: loss, grad norm, LR, supervised tokens; the type's
+learned scalars (T2MLR: γ values; LRT: per layer α / β / γ) and the schedule's metrics
+(Jacobi: the residual and the sweeps run; the refinement schedules: the per-pass losses;
+T2MLR's gate means, LRT's mean local / fb / ve gates per layer).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import optax
 
 from t2mlr_jax import sharding
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.model import kernels
+from t2mlr_jax.model import kernels, recurrence
 from t2mlr_jax.model.api import (AnyModelConfig, init_model, loss as model_loss,
                                    loss_token_totals)
 
@@ -58,16 +60,7 @@ def recurrence_metrics(params, cfg: AnyModelConfig) -> dict:
   β (x0) and γ (memory) as [L] vectors (the backbone's α/β when it has them)."""
   if not isinstance(cfg, ModelConfig) or cfg.recurrence is None:
     return {}
-  rec = params.get("recurrence") or {}
-  if "gamma_rec" in rec:
-    return {"gamma_rec": rec["gamma_rec"], "gamma_cur": rec["gamma_cur"]}
-  layers, out = params["layers"], {}
-  for name, key in (("alpha", "resid_lambda"), ("beta", "x0_lambda")):
-    if key in layers:
-      out[name] = layers[key]
-  if "gamma" in layers.get("memory", {}):
-    out["gamma"] = layers["memory"]["gamma"]
-  return out
+  return recurrence.of(cfg).scalars(params, cfg)
 
 
 def _schedule_metrics(aux: dict) -> dict:

@@ -1,30 +1,48 @@
-"""The recurrence types behind one small interface the execution modes share.
+"""The recurrence types behind one interface that every mode and schedule shares.
 
 A recurrence carries one fp32 vector per sequence from token t−1 to token t. Each type
-is a module here (`t2mlr.py`, `lrt.py`) that answers five questions; the modes
-(`modes.py`, `decode.py`) only orchestrate them:
+is one module here (`t2mlr.py`, `lrt.py`) answering the same questions; the modes
+(`modes.py`, `decode.py`) and the training schedules (`schedules/`) only orchestrate
+them, through `span.py` (the recurrent span run over all positions, and the state each
+position reads from the one before it). Adding a type = a config class in `config.py`
+(its fields, `span`, `num_params`, `mixer_flops`) + a module here + one row of TYPES.
 
-    init_params(cfg, rng)            what it adds to the parameters outside the layers
-                                     (None if nothing); `layer_module` (a Linen module
-                                     or None) adds per-layer parameters inside `Block`
-    read(cfg, state, positions, t)   the state a position sees (zero at a reset)
-    enter(params, cfg, h, state, cf) how memory enters the residual stream at the first
-                                     layer of the recurrent span -> (h, stats)
-    memory(cfg, state, cf)           the memory every layer of the span and above reads
-                                     inside `Block` (None: no per-layer path)
-    carry(params, cfg, o, state, cf) what a position leaves for the next one, from the
-                                     output of the span's last layer
-    zero_state(cfg, B), stats(s, cf) the initial state, aux metrics of `enter`'s stats
+    init_params(cfg, rng)             what it adds to the parameters outside the layers
+                                      (None if nothing); `layer_module` (a Linen module
+                                      or None) adds per-layer parameters inside `Block`
+    zero_state(cfg, B)                the state before the first token
+    read(cfg, state, positions, slots)  the state a position sees (zero at a reset)
+    enter(params, cfg, h, state, cf)  how memory enters the residual stream at the first
+                                      layer of the recurrent span -> (h, stats)
+    memory(cfg, state, cf)            what every layer of the span and above reads
+                                      inside `Block` (None: no per-layer path)
+    carry(params, cfg, o, state, cf)  what a position leaves for the next one, from the
+                                      output of the span's last layer
+    stats(stats, cf), layer_stats(collected, cfg)
+                                      metrics of `enter`'s stats / of what the per-layer
+                                      module sowed ("intermediates")
+    scalars(params, cfg)              learned scalars a training log shows
+    value_embed_rows(params, cfg, tokens)  the type's own per-layer value-embedding
+                                      inputs, gathered once per call (None: none)
+
+Hooks a schedule uses where a type needs something of its own (None: declined):
+
+    plain_state(cfg, o, cf)           Jacobi's sweep 0: the state from a span run without
+                                      the recurrence (T2MLR, the release's raw output);
+                                      declined: sweep 0 runs the span from zero state
+    refresh_kv(params, cfg, rope, buf, extras, old, memory, unvisited)
+                                      refinement passes' K/V refresh (LRT); declined:
+                                      `kv_refresh` is refused for the type
 
 The span is `cfg.recurrent_block` (T2MLR: l_start..l_end; LRT: 0..source layer): the
 layers that exact mode and decoding run token by token. Layers below it never see the
-recurrence and run in parallel; layers above it see it through their input and
-`memory`, and run in parallel once the states are known. A type's own training
-schedule (T2MLR's Jacobi sweeps, LRT's interleaved passes) lives beside the modes.
+recurrence and run in parallel once; layers above it see it through their input and
+`memory`, and run in parallel once the states are known.
 
-Control flow (every token): 0 padding, 1 non-recurrent, 2 recurrent. For every type a
-cf-0 position writes a zero state and reads none; cf 1 reads no memory (the position
-runs as the base model) but writes its state for the next token; cf 2 reads and writes.
+Control flow (every token, `control_flow.py`): 0 padding, 1 non-recurrent, 2 recurrent.
+For every type a cf-0 position writes a zero state and reads none; cf 1 reads no memory
+(the position runs as the base model) but writes its state for the next token; cf 2
+reads and writes.
 """
 
 from __future__ import annotations
@@ -32,13 +50,13 @@ from __future__ import annotations
 from types import ModuleType
 
 from t2mlr_jax.config import LRTConfig, ModelConfig, T2MLRConfig
+from t2mlr_jax.model.control_flow import CF_PAD, CF_PLAIN, CF_RECURRENT
 from t2mlr_jax.model.recurrence import lrt, t2mlr
-from t2mlr_jax.model.recurrence.t2mlr import CF_PAD, CF_PLAIN, CF_RECURRENT
 
 TYPES = {T2MLRConfig: t2mlr, LRTConfig: lrt}
 
-__all__ = ["CF_PAD", "CF_PLAIN", "CF_RECURRENT", "of", "layer_module", "init_params",
-           "uses_memory", "zero_state", "lrt", "t2mlr"]
+__all__ = ["CF_PAD", "CF_PLAIN", "CF_RECURRENT", "TYPES", "of", "layer_module",
+           "init_params", "uses_memory", "zero_state", "lrt", "t2mlr"]
 
 
 def of(cfg: ModelConfig) -> ModuleType:

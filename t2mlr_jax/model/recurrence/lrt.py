@@ -9,9 +9,11 @@ with a = norm(x): a triple gate g = 2σ(a[:C] W_g,i), one scalar per KV head spl
 
 so the KV cache keeps its shape (with the key path off, k is left as it is). m_t is the source layer's normed output at t−1: the
 LM head's input (source_layer = -1, the release) or the parameter-free-normed output
-of layer k. The interface of `recurrence/__init__.py`: `enter` is the identity (memory
-enters inside the layers, through `memory` and `LRTLayer`); `carry` is the normed
-source output. Everything the memory touches runs in fp32 and is cast to the compute
+of layer k. This module is LRT's side of the interface of `recurrence/__init__.py`:
+`enter` is the identity (memory enters inside the layers, through `memory` and
+`LRTLayer`); `carry` is the normed source output; it declines the Jacobi hook
+`plain_state` (sweep 0 runs with zero memory) and implements `refresh_kv` (the K/V
+refresh of the refinement passes). Everything the memory touches runs in fp32 and is cast to the compute
 dtype where it joins the stream.
 """
 
@@ -24,9 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import LRTConfig, ModelConfig
-from t2mlr_jax.model.layers import (LayerSide, compute_dtype, final_norm, matmul_fp32,
-                                    rms_normalize)
-from t2mlr_jax.model.recurrence.t2mlr import CF_PAD, CF_RECURRENT
+from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
+from t2mlr_jax.model.layers import (KV, LayerSide, apply_rope, compute_dtype, final_norm,
+                                    matmul_fp32, rms_normalize)
 
 
 def _uniform(bound: float):
@@ -157,5 +159,72 @@ def carry(params, cfg: ModelConfig, o_BTD, state_BTD, cf_BT):
   return jnp.where((cf_BT == CF_PAD)[..., None], 0.0, h)
 
 
+plain_state = None       # Jacobi's sweep 0 runs the span with zero memory
+
+
 def stats(_, cf_BT):
   return {}
+
+
+def layer_stats(collected, cfg: ModelConfig) -> dict:
+  """{"gate_means": [L, 3]} mean (local, fb, ve) gates per layer, from the collections
+  `run_layers` returned for every segment of one pass (`LayerCtx.collect`)."""
+  parts = [jnp.reshape(c["memory"]["gates"][0], (-1, 3)) for c in collected]
+  out = jnp.concatenate(parts)
+  assert out.shape[0] == cfg.n_layers
+  return {"gate_means": jax.lax.stop_gradient(out)}
+
+
+def scalars(params, cfg: ModelConfig) -> dict:
+  """LRT's per-layer α (resid), β (x0) and γ (memory) as [L] vectors (the backbone's α/β
+  when it has them)."""
+  layers, out = params["layers"], {}
+  for name, key in (("alpha", "resid_lambda"), ("beta", "x0_lambda")):
+    if key in layers:
+      out[name] = layers[key]
+  if "gamma" in layers.get("memory", {}):
+    out["gamma"] = layers["memory"]["gamma"]
+  return out
+
+
+def value_embed_rows(params, cfg: ModelConfig, tokens_BT):
+  """LRT's own per-layer value-embedding rows (rows [L, B, T, N_kv·K],), None when off."""
+  if not cfg.recurrence.value_embeds:
+    return None
+  return (params["layers"]["memory"]["ve"][:, tokens_BT],)
+
+
+def _feedback_weights(params, cfg: ModelConfig, name: str):
+  """[L, D, N_kv·K] W_k or W_v of every layer (the shared pair broadcast)."""
+  if cfg.recurrence.projection == "shared":
+    w = params["recurrence"][name]
+    return jnp.broadcast_to(w, (cfg.n_layers, *w.shape))
+  return params["layers"]["memory"][name]
+
+
+def refresh_kv(params, cfg: ModelConfig, rope, buf: KV, extras, old, memory_BTD, unvisited):
+  """Hook of the refinement passes (kv_refresh): the rows no pass has visited yet get
+  V += g_fb0·Δ(W_v m′) and pre-RoPE K += g_fb0·Δ(W_k m′), then RoPE and the norm again;
+  m′ = `memory_BTD` (the memory the next pass reads), Δ the change since the previous
+  refresh, g_fb0 the pass-0 gate. `extras` = (pre-RoPE keys, g_fb) of pass 0 (and of
+  each refresh); returns (buffer, extras, old projections)."""
+  rcfg = cfg.recurrence
+  k_pre, g_fb = extras
+  L, B, T, M, K = buf.k.shape
+  u = jnp.asarray(unvisited)[None, None, :, None, None]
+  g = g_fb[..., None]                                              # [L, B, T, M, 1]
+  project = lambda name: jnp.einsum("btd,lde->lbte", memory_BTD,
+                                   _feedback_weights(params, cfg, name)).reshape(L, B, T, M, K)
+  k_new = project("w_k") if rcfg.key else None
+  v_new = project("w_v") if rcfg.value else None
+  k_old, v_old = old
+  keys, values = buf.k, buf.v
+  if v_new is not None:
+    values = values + (g * (v_new - v_old) * u).astype(values.dtype)
+  if k_new is not None:
+    k_pre = k_pre + (g * (k_new - k_old) * u).astype(k_pre.dtype)
+    k_rot = jax.vmap(lambda k: apply_rope(k, rope))(k_pre)
+    if cfg.qk_norm:
+      k_rot = rms_normalize(k_rot, cfg.rms_norm_eps).astype(k_pre.dtype)
+    keys = jnp.where(u, k_rot.astype(keys.dtype), keys)
+  return KV(keys, values), (k_pre, g_fb), (k_new, v_new)

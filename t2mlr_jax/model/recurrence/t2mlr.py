@@ -1,4 +1,4 @@
-"""T2MLR's temporal pathway: what the recurrence reads, what it injects, what it carries.
+"""T2MLR's temporal pathway: what the recurrence reads, how it enters, what it carries.
 
 T2MLR (SPEC §2): the cache R_t (built at position t-1 from the output of layer
 l_end) is fused into the residual stream entering layer l_start,
@@ -6,17 +6,11 @@ l_end) is fused into the residual stream entering layer l_start,
     r = W_rec R;  g = [h, r];  Φ(h, R) = h + tanh(γ_rec) σ(f_rec g) ⊙ r + tanh(γ_cur) σ(f_cur g) ⊙ h
 
 and after l_end the cache is rewritten (residual + clipped RMS scale at
-recurrent positions, the raw output elsewhere). The interface of
-`recurrence/__init__.py`:
-
-    init_params(cfg, rng)                  -> recurrence parameter tree
-    enter = inject(params, cfg, h, R, cf)  -> (h', gate statistics)     at l_start
-    carry(params, cfg, o, R, cf)           -> new per-position cache    after l_end
-                                              (`write` on params["recurrence"])
-    read, memory (None: no per-layer path), zero_state, stats
-
-plus `shift_right`, which the Jacobi sweeps use. Everything runs in fp32 whatever the
-compute dtype.
+recurrent positions, the raw output elsewhere). This module is T2MLR's side of the
+interface of `recurrence/__init__.py` (init_params, zero_state, read, enter, memory,
+carry, stats, layer_stats, scalars, value_embed_rows) and its hooks: `plain_state` (the
+release's Jacobi sweep 0 takes the raw span output as the first cache) and no
+`refresh_kv`. Everything runs in fp32 whatever the compute dtype.
 """
 
 from __future__ import annotations
@@ -28,10 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax.model.control_flow import CF_PAD, CF_PLAIN, CF_RECURRENT
 from t2mlr_jax.model.layers import matmul_fp32
 
-# Control-flow codes carried by every token (SPEC §2, §10).
-CF_PAD, CF_PLAIN, CF_RECURRENT = 0, 1, 2
 
 
 def _torch_linear_uniform(key, shape, dtype=jnp.float32):
@@ -105,6 +98,7 @@ def zero_state(cfg: ModelConfig, batch: int) -> jnp.ndarray:
 
 
 layer_module = None      # T2MLR adds nothing inside the layers
+refresh_kv = None        # its memory never enters keys or values
 
 
 def read(cfg: ModelConfig, state_BTD, positions_BT, slots_BT=None):
@@ -117,22 +111,14 @@ def memory(cfg: ModelConfig, state_BTD, cf_BT):
   return None
 
 
-def carry(params, cfg: ModelConfig, o_BTD, R_BTD, cf_BT):
-  return write(params["recurrence"], cfg, o_BTD, R_BTD, cf_BT)
-
-
-def inject(params, cfg: ModelConfig, h_BTD, R_BTD, cf_BT):
-  """Residual stream entering l_start: Φ(h, R) where cf == 2, h elsewhere."""
+def enter(params, cfg: ModelConfig, h_BTD, R_BTD, cf_BT):
+  """Residual stream entering l_start: Φ(h, R) where cf == 2, h elsewhere; and the gates."""
+  p = {k: v for k, v in params["recurrence"].items() if k != "cache_norm"}
   dtype = h_BTD.dtype
   h32 = h_BTD.astype(jnp.float32)
-  fused, gates = T2MLRFusion(cfg.recurrence, cfg.d_model).apply(
-      {"params": {k: v for k, v in params.items() if k != "cache_norm"}}, h32, R_BTD)
+  fused, gates = T2MLRFusion(cfg.recurrence, cfg.d_model).apply({"params": p}, h32, R_BTD)
   out = jnp.where((cf_BT == CF_RECURRENT)[..., None], fused, h32)
   return out.astype(dtype), gates
-
-
-def enter(params, cfg: ModelConfig, h_BTD, R_BTD, cf_BT):
-  return inject(params["recurrence"], cfg, h_BTD, R_BTD, cf_BT)
 
 
 def _cache_norm(params, rcfg: T2MLRConfig, z):
@@ -146,36 +132,44 @@ def _cache_norm(params, rcfg: T2MLRConfig, z):
   return z * jax.lax.stop_gradient(scale)
 
 
-def write(params, cfg: ModelConfig, o_BTD, R_BTD, cf_BT):
-  """The cache each position writes for the next one (before the shift).
-
-  cf 2: residual + norm of (o_t, R_t) (raw o_t when residual is off);
-  cf 1: raw o_t; cf 0 (padding): zeros.
-  """
+def carry(params, cfg: ModelConfig, o_BTD, R_BTD, cf_BT):
+  """The cache each position leaves for the next one, from l_end's output o and the cache
+  R it read. cf 2: residual + norm of (o_t, R_t) (raw o_t when residual is off); cf 1:
+  raw o_t; cf 0 (padding): zeros."""
   rcfg = cfg.recurrence
   o = o_BTD.astype(jnp.float32)
   if rcfg.residual:
     R = jax.lax.stop_gradient(R_BTD) if rcfg.residual_detach else R_BTD
-    z = _cache_norm(params, rcfg, o + R)
+    z = _cache_norm(params["recurrence"], rcfg, o + R)
   else:
     z = o
   cf = cf_BT[..., None]
   return jnp.where(cf == CF_RECURRENT, z, jnp.where(cf == CF_PLAIN, o, 0.0))
 
 
-def shift_right(Z_BTD, positions_BT):
-  """R_t = Z_{t-1}, zero at position 0 and wherever a packed segment starts."""
-  R = jnp.pad(Z_BTD, ((0, 0), (1, 0), (0, 0)))[:, :-1]
-  return jnp.where((positions_BT == 0)[..., None], 0.0, R)
+def plain_state(cfg: ModelConfig, o_BTD, cf_BT):
+  """Hook of the Jacobi schedule's sweep 0 (the release's): the span runs without the
+  fusion and its raw output, zero at padding, is the first cache."""
+  return jnp.where((cf_BT == CF_PAD)[..., None], 0.0, o_BTD.astype(jnp.float32))
 
 
 def stats(gates: GateStats, cf_BT):
-  return gate_means(gates, cf_BT)
-
-
-def gate_means(gates: GateStats, cf_BT):
   """Mean gate values over recurrent positions (0 when there are none)."""
   w = (cf_BT == CF_RECURRENT).astype(jnp.float32)[..., None]
   denom = jnp.maximum(jnp.sum(w) * gates.s_rec.shape[-1], 1.0)
   return {"gate_rec": jnp.sum(gates.s_rec * w) / denom,
           "gate_cur": jnp.sum(gates.s_cur * w) / denom}
+
+
+def layer_stats(collected, cfg: ModelConfig) -> dict:
+  return {}
+
+
+def scalars(params, cfg: ModelConfig) -> dict:
+  """The learned scalars a training log shows: γ_rec and γ_cur."""
+  rec = params["recurrence"]
+  return {"gamma_rec": rec["gamma_rec"], "gamma_cur": rec["gamma_cur"]}
+
+
+def value_embed_rows(params, cfg: ModelConfig, tokens_BT):
+  return None

@@ -1,0 +1,162 @@
+"""The refinement-pass schedules: interleaved (SPEC §4; golden/README.md "Interleaved
+training", LRT's own) and chunked (the LRT paper's baseline; its semantics are ours), for
+any recurrence type.
+
+Pass 0 runs every position with every state zero and keeps, per layer, the keys (after
+RoPE and QK-norm, and any mixing the type does) and values of the whole sequence. Pass
+p = 1..S runs only its positions P_p (interleaved: t ≡ p−1 (mod S); chunked: the p-th
+of S contiguous chunks) through the recurrent span and the layers above, each reading the
+state its predecessor left in the merged states H; in every layer their fresh keys/values
+overwrite the buffer at those rows before their queries attend over the whole buffer, and
+their states overwrite H there. Layers below the span never see the recurrence: pass 0's
+outputs and keys serve every pass. Nothing is detached. The S passes together push each
+position through the model once, so a step costs about twice a plain one. S = T is the
+exact recurrence.
+
+K/V refresh (option `kv_refresh`, a hook of the type: LRT's): before each pass p >= 1 the
+rows no pass has visited yet are re-projected from the memory the pass reads.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.model import recurrence
+from t2mlr_jax.model.layers import rope_tables
+from t2mlr_jax.model.sequence import ModeOut, SeqInputs, context, segments, side_inputs
+from t2mlr_jax.model.span import previous_states, run_span, zero_states
+from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers
+from t2mlr_jax.sharding import constrain_batch
+
+OPTIONS = ("passes", "kv_refresh")
+
+
+def pass_positions(T: int, passes: int, mode: str = "interleaved") -> tuple:
+  """The positions of passes 1..S: interleaved, t ≡ p−1 (mod S) (uneven passes when
+  S ∤ T); chunked, S contiguous chunks in order (sizes differ by at most one)."""
+  if not 1 <= passes <= T:
+    raise ValueError(f"passes={passes!r} is invalid: allowed 1 <= passes <= T={T} "
+                     "(the sequence length)")
+  if mode == "chunked":
+    return tuple(np.array_split(np.arange(T), passes))
+  return tuple(np.arange(p, T, passes) for p in range(passes))
+
+
+def _pass_stats(kind, cfg, span_stats, collected, cf_BT) -> dict:
+  """One pass's metrics (`enter`'s and the per-layer modules'), without gradient."""
+  stats = {**kind.stats(span_stats, cf_BT), **kind.layer_stats(collected, cfg)}
+  return jax.tree.map(jax.lax.stop_gradient, stats)
+
+
+def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: tuple,
+                     kv_refresh: bool) -> ModeOut:
+  """Pass 0 over every position, then one pass per position set in `sets`. ModeOut:
+  merged logits [B, T, V] (each position from the last pass that computed it); aux:
+  pass_logits (pass 0 [B, T, V], pass p [B, |P_p|, V]), h_final [B, T, D] (the merged
+  states after the last pass) and the type's metrics, position-weighted over passes
+  1..S (LRT: gate_means [L, 3], local / fb / ve; T2MLR: gate_rec, gate_cur)."""
+  B, T = tokens_BT.shape
+  kind = recurrence.of(cfg)
+  cf = inp.control_flow
+  x0 = embed(params, cfg, tokens_BT)
+  ctx = context(params, cfg, inp, tokens_BT, x0)._replace(collect=True)
+  if kv_refresh:
+    ctx = ctx._replace(side=ctx.side._replace(keep=True))
+  segs = segments(params, cfg)
+
+  # Pass 0: every position, every state zero; keep every layer's keys/values.
+  x, bufs, H, h_lo = x0, [], None, x0
+  for name, lo, hi in cfg.segments:
+    if name == "middle":
+      h_lo = x
+      # every state zero: the memory of the parallel pass (`context`), as `parallel` runs
+      out = run_span(params, cfg, segs[name], x, zero_states(cfg, B, T), ctx, cf,
+                     memory=None if ctx.side is None else ctx.side.memory)
+      x, (kv, _) = out.o, out.kv
+      H = constrain_batch(out.state)
+      ctx = out.ctx
+    else:
+      x, (kv, _) = run_layers(segs[name][1], cfg, x, ctx, lo)
+    bufs.append(kv)
+  logits0 = head(params, cfg, x)
+  bufs = jax.tree.map(lambda *a: jnp.concatenate(a), *bufs)
+  if kv_refresh:
+    buf, extras = bufs
+    zero = jnp.zeros(buf.k.shape, jnp.float32)
+    old = (zero, zero)
+  else:
+    buf = bufs
+  visited = np.zeros(T, bool)
+
+  merged, pass_logits, acc = logits0, [logits0], None
+  for P in sets:
+    S = previous_states(cfg, H, inp.positions)
+    memory = kind.memory(cfg, S, cf)
+    if kv_refresh:
+      buf, extras, old = kind.refresh_kv(params, cfg, ctx.rope, buf, extras, old, memory,
+                                         ~visited)
+    m_P = None if memory is None else memory[:, P]
+    cf_P = cf[:, P]
+    dist = (P[:, None] - np.arange(T)[None, :])[None]
+    side = side_inputs(params, cfg, x0[:, P], tokens_BT[:, P], dist, m_P)
+    per_layer = jax.tree.map(lambda a: a[:, :, P], ctx.per_layer)    # [L, B, |P|, ...]
+    pctx = LayerCtx(rope_tables(cfg, inp.positions[:, P]), ctx.mask[:, P], side, per_layer,
+                    collect=True)
+    x, new_bufs, collected = h_lo[:, P], [], []
+    for name, lo, hi in cfg.segments:
+      layer_buf = jax.tree.map(lambda a: a[lo:hi], buf)
+      if name == "lower":          # never sees the recurrence: pass 0's keys stand
+        new_bufs.append(layer_buf)
+        continue
+      if name == "middle":
+        out = run_span(params, cfg, segs[name], x, S[:, P], pctx, cf_P, kvs=layer_buf,
+                       index=P, kv_kind="buffer", memory=m_P)
+        x, (nb, coll), span_stats, pctx = out.o, out.kv, out.stats, out.ctx
+        H = constrain_batch(H.at[:, P].set(out.state))
+      else:
+        x, (nb, coll) = run_layers(segs[name][1], cfg, x, pctx, lo, layer_buf, P,
+                                   kv_kind="buffer")
+      new_bufs.append(nb)
+      collected.append(coll)
+    buf = jax.tree.map(lambda *a: jnp.concatenate(a), *new_bufs)
+    lg = head(params, cfg, x)
+    pass_logits.append(lg)
+    merged = merged.at[:, P].set(lg)
+    w = len(P) / T
+    stats = _pass_stats(kind, cfg, span_stats, collected, cf_P)
+    acc = (jax.tree.map(lambda s: 0.0 + s * w, stats) if acc is None
+           else jax.tree.map(lambda a, s: a + s * w, acc, stats))
+    visited[P] = True
+  return ModeOut(merged, {"pass_logits": tuple(pass_logits), "h_final": H, **acc})
+
+
+def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int,
+                kv_refresh: bool) -> ModeOut:
+  """The interleaved schedule (SPEC §4): pass p runs t ≡ p−1 (mod S)."""
+  sets = pass_positions(tokens_BT.shape[1], passes, "interleaved")
+  return refine_in_passes(params, cfg, tokens_BT, inp, sets, kv_refresh)
+
+
+def chunked(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int,
+            kv_refresh: bool) -> ModeOut:
+  """The chunked baseline: pass c refines the c-th of S contiguous chunks, in order.
+
+  The same passes as `interleaved` over contiguous position sets. A chunk reads the
+  merged states: the refined ones of the chunks before it, and pass 0's zero-state ones
+  inside itself, so the true recurrence crosses only chunk boundaries. With chunks of
+  one position this is `exact`; with one chunk, pass 0 plus one full refinement pass
+  fed pass 0's shifted states.
+  """
+  sets = pass_positions(tokens_BT.shape[1], passes, "chunked")
+  return refine_in_passes(params, cfg, tokens_BT, inp, sets, kv_refresh)
+
+
+def run_interleaved(params, cfg, tokens_BT, inp, options: dict, hidden: bool = False):
+  return interleaved(params, cfg, tokens_BT, inp, options["passes"], options["kv_refresh"])
+
+
+def run_chunked(params, cfg, tokens_BT, inp, options: dict, hidden: bool = False):
+  return chunked(params, cfg, tokens_BT, inp, options["passes"], options["kv_refresh"])

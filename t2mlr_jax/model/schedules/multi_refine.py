@@ -1,0 +1,69 @@
+"""The multi-refine schedule (the LRT paper's baseline; its semantics are ours), for any
+recurrence type: pass 0 over every position with every state zero, then K full passes,
+pass k reading the states pass k−1 left (with refine_detach, under stop_gradient). After
+K passes positions 0..K are exact; K >= T−1 is the exact recurrence. The K passes run in
+one `lax.scan`, so compile time does not grow with K. Layers below the recurrent span run
+once."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.model import recurrence
+from t2mlr_jax.model.sequence import ModeOut, SeqInputs, context, run_segment, segments
+from t2mlr_jax.model.span import previous_states, run_span, zero_states
+from t2mlr_jax.model.transformer import embed, head, run_layers
+from t2mlr_jax.sharding import constrain_batch
+
+OPTIONS = ("refine_passes", "refine_weights", "refine_detach")
+
+
+def multi_refine(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, refine_passes: int,
+                 refine_detach: bool) -> ModeOut:
+  """ModeOut: the last pass's logits; aux: pass_logits [K+1, B, T, V], h_final [B, T, D]
+  (the last pass's states) and the type's metrics of the last pass (LRT: gate_means
+  [L, 3]; T2MLR: gate_rec, gate_cur)."""
+  B, T = tokens_BT.shape
+  kind = recurrence.of(cfg)
+  cf = inp.control_flow
+  x0 = embed(params, cfg, tokens_BT)
+  ctx = context(params, cfg, inp, tokens_BT, x0)._replace(collect=True)
+  segs = segments(params, cfg)
+  h_lo, _ = run_segment(segs, cfg, "lower", x0, ctx._replace(collect=False))
+
+  def full_pass(S, memory=None):
+    out = run_span(params, cfg, segs["middle"], h_lo, S, ctx, cf, memory=memory)
+    collected = [out.kv[1]]
+    y = out.o
+    if "upper" in segs:
+      lo, layers = segs["upper"]
+      y, (_, coll) = run_layers(layers, cfg, y, out.ctx, lo)
+      collected.append(coll)
+    stats = {**kind.stats(out.stats, cf), **kind.layer_stats(collected, cfg)}
+    return head(params, cfg, y), constrain_batch(out.state), jax.tree.map(
+        jax.lax.stop_gradient, stats)
+
+  # pass 0: every state zero, with the memory of the parallel pass (`context`)
+  logits0, H, stats = full_pass(zero_states(cfg, B, T),
+                                None if ctx.side is None else ctx.side.memory)
+
+  def refine(carry, _):
+    H, _ = carry
+    src = jax.lax.stop_gradient(H) if refine_detach else H
+    logits, H, stats = full_pass(previous_states(cfg, src, inp.positions))
+    return (H, stats), logits
+
+  if refine_passes:
+    (H, stats), logits = jax.lax.scan(refine, (H, stats), None, length=refine_passes)
+    pass_logits = jnp.concatenate([logits0[None], logits])
+  else:
+    pass_logits = logits0[None]
+  return ModeOut(pass_logits[-1], {"pass_logits": pass_logits, "h_final": H, **stats})
+
+
+def run(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, options: dict,
+        hidden: bool = False) -> ModeOut:
+  return multi_refine(params, cfg, tokens_BT, inp, options["refine_passes"],
+                      options["refine_detach"])
