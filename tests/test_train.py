@@ -142,6 +142,33 @@ def test_a_damaged_checkpoint_is_named_and_resume_step_goes_on_from_an_intact_on
   _assert_same_params(_params(wd), _params(reference))
 
 
+# The schedule options a T2MLR config gained when every schedule opened to every type.
+NEW_SCHEDULE_FIELDS = ("passes", "kv_refresh", "refine_passes", "refine_weights",
+                       "refine_detach")
+
+
+@pytest.mark.slow       # two runs; the stop_after_steps resume runs by default
+def test_a_checkpoint_written_before_the_schedule_options_resumes(reference, tmp_path):
+  """A checkpoint whose config and meta lack the fields the recurrence configs gained
+  (as the code before them wrote it) resumes to the uninterrupted run's numbers."""
+  wd = str(tmp_path)
+  run_main(wd, *LONG, "--config.train.stop_after_steps=30")
+  step = tmp_path / "checkpoints" / "30"
+  for item in ("config", "meta"):
+    path = step / item / "metadata"
+    saved = json.loads(path.read_text())
+    rec = (saved["model"]["recurrence"] if item == "config"
+           else saved["model_config"]["recurrence"])
+    assert set(NEW_SCHEDULE_FIELDS) <= set(rec)
+    for field in NEW_SCHEDULE_FIELDS:
+      del rec[field]
+    path.write_text(json.dumps(saved))
+  out = run_main(wd, *LONG)
+  assert "resumed from step 30" in out.stdout + out.stderr
+  assert train_losses(wd) == train_losses(reference)
+  _assert_same_params(_params(wd), _params(reference))
+
+
 _CLOSED_LOOP_READS = """
 import asyncio, sys
 import numpy as np
