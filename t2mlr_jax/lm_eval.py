@@ -291,15 +291,23 @@ class T2MLRLM(TemplateLM):
                           ) -> str:
     """The tokenizer's chat template over lm-eval's messages; without a generation prompt
     the text ends with the last message's content (transformers' continue_final_message),
-    so the answer continues it."""
+    so the answer continues it. A template that refuses the system role renders without
+    it, as lm-eval's HF backend does."""
     from t2mlr_jax.data.tokenizer import render_chat_template
     if not self.tok.chat_template:
       raise ValueError(f"--apply_chat_template: the tokenizer {self.tok.name!r} has no chat "
                        "template")
     variables = dict(bos_token=self.tok.token_text(self.tok.bos_id) or "",
                      eos_token=self.tok.token_text(self.tok.eos_id) or "")
-    text = render_chat_template(self.tok.chat_template, chat_history,
-                                add_generation_prompt=add_generation_prompt, **variables)
+    from jinja2.exceptions import TemplateError
+    try:
+      text = render_chat_template(self.tok.chat_template, chat_history,
+                                  add_generation_prompt=add_generation_prompt, **variables)
+    except TemplateError:       # a template without a system role: drop it (as lm-eval's HF)
+      log.warning("the chat template failed; rendering without the system message")
+      chat_history = [m for m in chat_history if m["role"] != "system"]
+      text = render_chat_template(self.tok.chat_template, chat_history,
+                                  add_generation_prompt=add_generation_prompt, **variables)
     if not add_generation_prompt and chat_history:
       last = chat_history[-1]["content"].strip()
       at = text.rfind(last)
