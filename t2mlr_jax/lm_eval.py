@@ -19,7 +19,7 @@ model class outside its package). From Python, import this module and call
                          recurrence), parallel (recurrence off), or the recurrence type's
                          training schedules (jacobi; interleaved, chunked, multi_refine).
                          generate_until always decodes exactly
-    dtype                compute dtype, float32 (default) or bfloat16
+    dtype                compute dtype, float32 or bfloat16 (default: the model's own)
     max_length           context limit in tokens (default and maximum: the model's
                          max_seq_len)
     prompt_control_flow  2 (default: the recurrence acts on the context, as in
@@ -100,6 +100,24 @@ def _as_int(name, value, allowed: str) -> int:
   return out
 
 
+def _check_options(batch_size, dtype, prompt_control_flow, add_bos):
+  """The model_args that need no model, checked (and parsed from CLI strings):
+  (batch_size, prompt_control_flow, add_bos)."""
+  batch = _as_int("batch_size", batch_size, "a positive integer (one compiled batch "
+                  "shape; 'auto' is not supported)")
+  if batch < 1:
+    raise ValueError(f"batch_size={batch_size!r} is invalid: allowed a positive integer")
+  if dtype is not None and dtype not in DTYPES:
+    raise ValueError(f"dtype={dtype!r} is invalid: allowed {', '.join(DTYPES)} (default: "
+                     "the model's)")
+  cf = _as_int("prompt_control_flow", prompt_control_flow,
+               "1 (non-recurrent context) or 2 (recurrent)")
+  if cf not in (1, 2):
+    raise ValueError(f"prompt_control_flow={prompt_control_flow!r} is invalid: allowed 1 "
+                     "(non-recurrent context) or 2 (recurrent)")
+  return batch, cf, _as_bool("add_bos", add_bos)
+
+
 class _Tok:
   """One interface over the library's tokenizers (HFTokenizer, the byte tokenizer)."""
 
@@ -135,10 +153,11 @@ class T2MLRLM(TemplateLM):
   """A T2MLR, LRT or plain transformer of this library behind lm-eval's `TemplateLM`."""
 
   def __init__(self, path: Optional[str] = None, step=None, tokenizer: Optional[str] = None,
-               batch_size=8, mode: str = "exact", dtype: str = "float32", max_length=None,
-               prompt_control_flow=2, add_bos=None, **unknown):
+               batch_size=8, mode: str = "exact", dtype: Optional[str] = None,
+               max_length=None, prompt_control_flow=2, add_bos=None, **unknown):
     super().__init__()
     _check_model_args(unknown)
+    _check_options(batch_size, dtype, prompt_control_flow, add_bos)   # before loading
     if path is None:
       raise ValueError("model_args path is required: a GGUF file, a Hugging Face "
                        "directory, a parameter export or a training workdir")
@@ -166,24 +185,23 @@ class T2MLRLM(TemplateLM):
     return self
 
   def _setup(self, cfg, params, tokenizer, tokenizer_source, *, batch_size=8, mode="exact",
-             dtype="float32", max_length=None, prompt_control_flow=2, add_bos=None,
+             dtype=None, max_length=None, prompt_control_flow=2, add_bos=None,
              path="model"):
     from t2mlr_jax.config import ModelConfig
     from t2mlr_jax.model.modes import TRAINING_MODES
     if not isinstance(cfg, ModelConfig):
       raise ValueError(f"{path!r} holds a {type(cfg).__name__}: lm-eval runs transformers "
                        "(ModelConfig, with or without a recurrence)")
-    self.batch_size_per_device = _as_int("batch_size", batch_size, "a positive integer "
-                                         "(one compiled batch shape; 'auto' is not supported)")
-    if self.batch_size_per_device < 1:
-      raise ValueError(f"batch_size={batch_size!r} is invalid: allowed a positive integer")
+    batch_size, prompt_control_flow, add_bos = _check_options(batch_size, dtype,
+                                                              prompt_control_flow, add_bos)
+    self.batch_size_per_device = batch_size
+    kind = cfg.recurrence.type if cfg.recurrence is not None else "plain"
     modes = ("exact", "parallel") + (TRAINING_MODES[type(cfg.recurrence)]
                                      if cfg.recurrence is not None else ())
     if mode not in modes:
-      raise ValueError(f"mode={mode!r} is invalid for this {cfg.recurrence.type if cfg.recurrence else 'plain'} "
-                       f"model: allowed {', '.join(modes)}")
-    if dtype not in DTYPES:
-      raise ValueError(f"dtype={dtype!r} is invalid: allowed {', '.join(DTYPES)}")
+      raise ValueError(f"mode={mode!r} is invalid for this {kind} model: allowed "
+                       f"{', '.join(modes)}")
+    dtype = cfg.dtype if dtype is None else dtype
     if max_length is None:
       max_length = cfg.max_seq_len
     max_length = _as_int("max_length", max_length, f"an integer in 2..{cfg.max_seq_len} "
@@ -191,12 +209,7 @@ class T2MLRLM(TemplateLM):
     if not 2 <= max_length <= cfg.max_seq_len:
       raise ValueError(f"max_length={max_length} is invalid: allowed 2..{cfg.max_seq_len} "
                        "(the model's max_seq_len)")
-    prompt_control_flow = _as_int("prompt_control_flow", prompt_control_flow,
-                                  "1 (non-recurrent context) or 2 (recurrent)")
-    if prompt_control_flow not in (1, 2):
-      raise ValueError(f"prompt_control_flow={prompt_control_flow!r} is invalid: allowed 1 "
-                       "(non-recurrent context) or 2 (recurrent)")
-    self.add_bos = _as_bool("add_bos", add_bos)
+    self.add_bos = add_bos
     self.cfg = cfg.replace(dtype=dtype) if cfg.dtype != dtype else cfg
     self.params = params
     self.mode, self._max_length = mode, max_length

@@ -231,6 +231,8 @@ def test_model_args_errors_name_the_key_and_the_allowed_values(models, tokenizer
       _lm(cfg, params, tokenizer, **{key: value})
   with pytest.raises(ValueError, match="path=.* does not exist"):
     T2MLRLM(path=str(tmp_path / "nothing"))
+  with pytest.raises(ValueError, match="batch_size=0 is invalid"):     # before any loading
+    T2MLRLM(path=str(tmp_path / "nothing"), batch_size=0)
   t2.checkpoint.export(cfg, params, str(tmp_path / "export"))     # no tokenizer beside it
   with pytest.raises(ValueError, match="no tokenizer found .* looked at .*export/tokenizer"
                                        ".json; pass tokenizer=DIR"):
@@ -266,6 +268,10 @@ def test_each_source_loads_with_its_tokenizer(tiny_gguf, tokenizer, tmp_path):
     scores.append(lm.loglikelihood(reqs))
   _close(scores[0], scores[1], 1e-4)
   _close(scores[0], scores[2], 1e-6)
+  bf16 = T2MLRLM(path=tiny_gguf, dtype="bfloat16", batch_size=2)
+  assert bf16.cfg.dtype == "bfloat16" and lm.cfg.dtype == "float32"    # default: the model's
+  low = bf16.loglikelihood(reqs)
+  assert 0 < max(abs(a[0] - b[0]) for a, b in zip(low, scores[0])) < 0.1
 
 
 def _write_task(directory, name, output_type, docs, extra):
