@@ -4,8 +4,8 @@ Default suite: tiny random models (plain, T2MLR, LRT) through every request type
 and identity-init LRT score and generate as their base transformer, with the recurrence on
 the scores equal the library's exact-mode `loss`, batching and padding change nothing,
 over-long contexts are cut from the left, bad model_args are named; lm-eval's own
-evaluator over local tasks equals our multiple-choice evaluator; GSM8K's strict match
-equals lm-eval's filter. Slow: the real SmolLM2-135M-Instruct against lm-eval's own `hf`
+arc_easy / hellaswag / piqa definitions on local records equal our multiple-choice
+evaluator; GSM8K's strict match equals lm-eval's filter. Slow: the real SmolLM2-135M-Instruct against lm-eval's own `hf`
 backend, and `python -m t2mlr_jax.lm_eval` on a tiny training workdir. Tasks are local
 YAML files (dataset_path: json) loaded with TaskManager(include_path=...,
 include_defaults=False): nothing is downloaded."""
@@ -309,29 +309,66 @@ def _task_manager(directory):
   return TaskManager(include_path=str(directory), include_defaults=False)
 
 
-def test_lm_eval_multiple_choice_equals_our_evaluator(models, tokenizer, tmp_path):
-  """lm-eval's evaluator with our model on a local ARC-format task gives the per-choice
-  log-likelihoods, acc and acc_norm of `eval.downstream.evaluate_multiple_choice` on the
-  same records (the library's own multiple-choice evaluator computes the same thing)."""
+def _hellaswag_docs(n, seed=1):
+  """HellaSwag records in the HF `hellaswag` form (bracketed markup included)."""
+  rng = np.random.default_rng(seed)
+  words = lambda k: " ".join(rng.choice(WORDS, k))
+  return [{"ind": i, "activity_label": f"Walking the {WORDS[i % len(WORDS)]}",
+           "ctx_a": words(5) + " [title] " + words(2) + ".", "ctx_b": "then " + words(3),
+           "ctx": "", "endings": [words(int(rng.integers(2, 6))) + " [step]" for _ in range(4)],
+           "source_id": "x", "split": "val", "split_type": "indomain",
+           "label": str(int(rng.integers(0, 4)))} for i in range(n)]
+
+
+def _piqa_docs(n, seed=2):
+  rng = np.random.default_rng(seed)
+  return [{"goal": "How to " + " ".join(rng.choice(WORDS, 4)) + "?",
+           "sol1": " ".join(rng.choice(WORDS, 5)), "sol2": " ".join(rng.choice(WORDS, 3)),
+           "label": int(rng.integers(0, 2))} for _ in range(n)]
+
+
+def _builtin_task(directory, name, docs):
+  """lm-eval's own installed task `name` (its prompt, choices, preprocessing and metrics)
+  with its dataset replaced by local records."""
+  import lm_eval
+  data = os.path.join(directory, f"{name}.jsonl")
+  with open(data, "w") as f:
+    f.write("".join(json.dumps(d) + "\n" for d in docs))
+  builtin = os.path.join(os.path.dirname(lm_eval.__file__), "tasks", name.split("_")[0],
+                         f"{name}.yaml")
+  with open(os.path.join(directory, f"t29_{name}.yaml"), "w") as f:
+    f.write(f"include: {builtin}\ntask: t29_{name}\ntag: []\ndataset_path: json\n"
+            f"dataset_name: null\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+            "training_split: null\nvalidation_split: null\ntest_split: test\n")
+  return data
+
+
+def test_lm_eval_tasks_equal_our_multiple_choice_evaluator(models, tokenizer, tmp_path):
+  """lm-eval's own arc_easy, hellaswag and piqa definitions (local records in the hub
+  datasets' form) run with our model give the per-choice log-likelihoods, acc and acc_norm
+  of `eval.downstream.evaluate_multiple_choice` on the same records: the library's
+  multiple-choice evaluator computes the same thing, prompts and preprocessing included."""
   import lm_eval
 
   from t2mlr_jax.data import multiple_choice as mc
   from t2mlr_jax.eval.downstream import evaluate_multiple_choice
   cfg, params = models["t2mlr_on"]
-  docs = _arc_docs(12)
-  _write_task(tmp_path, "t29_arc", "multiple_choice", docs, ARC_YAML)
-  lm = _lm(cfg, params, tokenizer)
-  out = lm_eval.simple_evaluate(model=lm, tasks=["t29_arc"], log_samples=True,
+  docs = {"arc_easy": _arc_docs(8), "hellaswag": _hellaswag_docs(6), "piqa": _piqa_docs(6)}
+  files = {name: _builtin_task(tmp_path, name, d) for name, d in docs.items()}
+  out = lm_eval.simple_evaluate(model=_lm(cfg, params, tokenizer),
+                                tasks=[f"t29_{n}" for n in docs], log_samples=True,
                                 task_manager=_task_manager(tmp_path))
-  theirs = out["results"]["t29_arc"]
-  ours, per_example = evaluate_multiple_choice(
-      "arc_easy", params, cfg, tokenizer, mc.read_arc(str(tmp_path / "t29_arc.jsonl")),
-      batch_size=4)
-  assert theirs["acc,none"] == ours["acc"] and theirs["acc_norm,none"] == ours["acc_norm"]
-  samples = sorted(out["samples"]["t29_arc"], key=lambda s: s["doc_id"])
-  for sample, mine in zip(samples, per_example):
-    np.testing.assert_allclose([r[0][0] for r in sample["resps"]], mine["logliks"],
-                               atol=TOL * 10)
+  for name in docs:
+    theirs = out["results"][f"t29_{name}"]
+    ours, per_example = evaluate_multiple_choice(name, params, cfg, tokenizer,
+                                                 mc.read_task(name, files[name]), batch_size=4)
+    assert (theirs["acc,none"], theirs["acc_norm,none"]) == (ours["acc"], ours["acc_norm"])
+    samples = sorted(out["samples"][f"t29_{name}"], key=lambda s: s["doc_id"])
+    assert len(samples) == len(per_example)
+    for sample, mine in zip(samples, per_example):
+      assert sample["arguments"][0][0] == mine["context"]           # the same prompt
+      np.testing.assert_allclose([r[0][0] for r in sample["resps"]], mine["logliks"],
+                                 atol=TOL * 10)
 
 
 def test_gsm8k_strict_match_equals_lm_evals_filter():
