@@ -26,7 +26,6 @@ from lm_eval.api.instance import Instance  # noqa: E402
 import t2mlr_jax as t2  # noqa: E402
 from t2mlr_jax.lm_eval import MODEL_ARGS, T2MLRLM  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _gguf_fixtures import write_tiny_gguf  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
