@@ -44,6 +44,8 @@ MODULES = (
     ("t2mlr_jax.convert.official", None, "the official T2MLR release's checkpoints"),
     ("t2mlr_jax.convert.official_lrt", None, "the official LRT release's checkpoints"),
     ("t2mlr_jax.convert.pretrained", None, "any pretrained source by path"),
+    ("t2mlr_jax.loading", None, "any model with its tokenizer, by path (lm-eval, "
+     "`convert --to-hf`)"),
     ("t2mlr_jax.train.loop", None, "the training loop (`python -m t2mlr_jax.main`)"),
     ("t2mlr_jax.train.config", None, "the experiment config and its validation"),
     ("t2mlr_jax.data.s5", None, "the S5 state-tracking task"),

@@ -24,9 +24,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "generation_config.json")
 
 
-def copy_tokenizer(src: str, dst: str) -> list[str]:
+def copy_tokenizer(src: str, dst: str, overwrite: bool = True) -> list[str]:
+  """Copy the tokenizer files (TOKENIZER_FILES) src has into dst; with overwrite=False,
+  those dst already has are kept."""
   copied = []
   for name in TOKENIZER_FILES:
+    if not overwrite and os.path.isfile(os.path.join(dst, name)):
+      continue
     if os.path.isfile(os.path.join(src, name)):
       shutil.copy(os.path.join(src, name), os.path.join(dst, name))
       copied.append(name)
@@ -75,9 +79,18 @@ def main(argv=None):
   else:
     if not args.to_hf:
       p.error("--from needs --to-hf HF_DIR")
+    from t2mlr_jax import loading
     cfg, params = checkpoint.load(args.from_ckpt, args.step)
-    hf.to_hf(cfg, params, args.to_hf, dtype=args.dtype)
-    copied = copy_tokenizer(args.from_ckpt, args.to_hf)
+    try:              # the tokenizer the model came with (a workdir's data or init_from)
+      found = loading.find_tokenizer(args.from_ckpt, args.step)
+    except ValueError as e:
+      print(f"note: {e}; writing the model without one")
+      found = None
+    tok = None if found is None or not hasattr(found.tokenizer, "save") else found.tokenizer
+    hf.to_hf(cfg, params, args.to_hf, dtype=args.dtype, tokenizer=tok)
+    copied = (["tokenizer.json", "tokenizer_config.json"] if tok is not None else [])
+    copied += [c for c in copy_tokenizer(args.from_ckpt, args.to_hf, overwrite=tok is None)
+               if c not in copied]
     print(f"wrote {args.to_hf} (tokenizer files: {copied})")
 
 

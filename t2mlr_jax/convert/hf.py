@@ -370,10 +370,14 @@ def check_llama_compatible(cfg: ModelConfig) -> None:
   check_recurrence_type(cfg.recurrence, "to_hf")
 
 
-def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32") -> None:
+def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32",
+          tokenizer=None) -> None:
   """Write an HF directory: config.json + model.safetensors (the base model, loadable by
   `AutoModelForCausalLM.from_pretrained`), and for T2MLR models
   t2mlr_recurrence.safetensors (RECURRENCE_KEYS layout) + t2mlr_config.json.
+  `tokenizer` (an HFTokenizer, e.g. from_gguf's): tokenizer.json and
+  tokenizer_config.json are written too, and config.json names its BOS / EOS / PAD ids
+  (what transformers' generate stops at), so the directory is a complete HF model.
 
   Each file is written under a temporary name and renamed, config.json last: a directory
   with a config.json holds the whole export."""
@@ -387,6 +391,15 @@ def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32") -> Non
   os.makedirs(path, exist_ok=True)
   hf_config = config_to_hf(cfg)
   hf_config["torch_dtype"] = dtype
+  if tokenizer is not None:
+    if not hasattr(tokenizer, "save"):
+      raise ValueError(f"tokenizer={type(tokenizer).__name__} is invalid: allowed None or "
+                       "an HFTokenizer (t2mlr_jax.data.tokenizer.load_tokenizer)")
+    tokenizer.save(path)
+    for name in ("bos", "eos", "pad"):
+      token_id = getattr(tokenizer, f"{name}_id", None)
+      if token_id is not None:
+        hf_config[f"{name}_token_id"] = int(token_id)
   _save_safetensors(_hf_state_dict(cfg, params), os.path.join(path, WEIGHTS), dtype)
   if cfg.recurrence is not None:
     rec = params["recurrence"]

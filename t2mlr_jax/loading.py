@@ -1,0 +1,131 @@
+"""Load any model the library reads together with its tokenizer, from one path.
+
+    cfg, params, tokenizer = load_model_and_tokenizer("workdirs/lm")      # latest step
+    cfg, params, tokenizer = load_model_and_tokenizer("model.gguf")
+
+The sources: a GGUF file (its own tokenizer, rebuilt from the metadata), a Hugging Face
+directory or a parameter export (the tokenizer files beside the weights), a training
+workdir (an lm run's prepared-data copy of its tokenizer, else `data.tokenizer` or
+`model.init_from` of its saved config). `tokenizer=` overrides the search; a model
+without a tokenizer is an error naming every place that was looked at. What the
+lm-evaluation-harness adapter (`t2mlr_jax.lm_eval`) and `convert --to-hf` share.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Optional
+
+MODEL_KINDS = ("allowed a GGUF file (*.gguf), a Hugging Face directory (config.json and "
+               "*.safetensors), a parameter export (python -m t2mlr_jax.convert) or a "
+               "training workdir (with checkpoints/)")
+
+
+class FoundTokenizer(NamedTuple):
+  """A tokenizer and what the search learned about it."""
+  tokenizer: object            # HFTokenizer or the byte tokenizer (data.byte_tokenizer)
+  source: str                  # where it came from ("byte" for the byte tokenizer)
+  documents_start_with_bos: bool   # an lm workdir: packing put BOS before every document
+
+
+def _kind(path: str) -> str:
+  """'gguf', 'hf', 'export' or 'workdir' (ValueError naming the allowed kinds)."""
+  from t2mlr_jax import checkpoint
+  if path.endswith(".gguf"):
+    if not os.path.isfile(path):
+      raise ValueError(f"path={path!r} does not exist: {MODEL_KINDS}")
+    return "gguf"
+  if not os.path.exists(path):
+    raise ValueError(f"path={path!r} does not exist: {MODEL_KINDS}")
+  if checkpoint.is_export(path):
+    return "export"
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return "workdir"
+  if os.path.isfile(os.path.join(path, "config.json")):
+    return "hf"
+  what = "a file" if os.path.isfile(path) else "a directory with no checkpoints/"
+  raise ValueError(f"path={path!r} is {what}, not a model: {MODEL_KINDS}")
+
+
+def _has_tokenizer_json(directory) -> bool:
+  return bool(directory) and os.path.isfile(os.path.join(str(directory), "tokenizer.json"))
+
+
+def find_tokenizer(path: str, step: Optional[int] = None) -> FoundTokenizer:
+  """The tokenizer a model at `path` came with (see the module docstring for the order).
+  ValueError listing the places looked at when there is none."""
+  from t2mlr_jax.data.tokenizer import load_tokenizer
+  kind = _kind(path)
+  if kind == "gguf":
+    from t2mlr_jax.convert.gguf import _open, read_metadata, tokenizer_from_gguf
+    return FoundTokenizer(tokenizer_from_gguf(read_metadata(_open(path)), path), path, False)
+  looked = [os.path.join(path, "tokenizer.json")]
+  if _has_tokenizer_json(path):
+    return FoundTokenizer(load_tokenizer(path), path, False)
+  if kind == "workdir":
+    from t2mlr_jax import checkpoint
+    config = checkpoint.load_config(path, step)
+    data = config.get("data", {})
+    if data.get("task") == "lm" and data.get("path"):
+      from t2mlr_jax.data import lm
+      manifest_file = os.path.join(data.path, lm.MANIFEST)
+      looked.append(manifest_file)
+      if os.path.isfile(manifest_file):
+        manifest = lm.read_manifest(data.path)
+        bos = manifest["tokenizer"].get("bos_id") is not None
+        if manifest["tokenizer"]["kind"] == "byte":
+          from t2mlr_jax.data.byte_tokenizer import ByteTokenizer
+          return FoundTokenizer(ByteTokenizer(), "byte", True)
+        copy = os.path.join(data.path, lm.TOKENIZER_DIR)
+        looked.append(os.path.join(copy, "tokenizer.json"))
+        if _has_tokenizer_json(copy):
+          return FoundTokenizer(load_tokenizer(copy), copy, bos)
+    for field in ("data.tokenizer", "model.init_from"):
+      section, name = field.split(".")
+      where = config.get(section, {}).get(name)
+      if where:
+        looked.append(f"{os.path.join(where, 'tokenizer.json')} ({field})")
+        if _has_tokenizer_json(where):
+          return FoundTokenizer(load_tokenizer(where), where, False)
+  raise ValueError(f"no tokenizer found for {path!r}: looked at {', '.join(looked)}; pass "
+                   "tokenizer=DIR (a directory with tokenizer.json)")
+
+
+def load_model(path: str, step: Optional[int] = None):
+  """(cfg, params) of any source (GGUF parameters dequantized to fp32)."""
+  from t2mlr_jax import checkpoint
+  kind = _kind(path)
+  if step is not None and kind != "workdir":
+    raise ValueError(f"step={step} is invalid for {path!r} ({kind}): allowed only with a "
+                     "training workdir (its saved steps)")
+  if kind == "gguf":
+    from t2mlr_jax.convert.gguf import from_gguf
+    cfg, params, _ = from_gguf(path)
+    return cfg, params
+  if kind == "hf":
+    from t2mlr_jax.convert import hf
+    return hf.from_hf(path)
+  return checkpoint.load(path, step)
+
+
+def load_model_and_tokenizer(path: str, step: Optional[int] = None,
+                             tokenizer: Optional[str] = None):
+  """(cfg, params, FoundTokenizer) of any source; `tokenizer` (a directory with
+  tokenizer.json) overrides the model's own."""
+  from t2mlr_jax.data.tokenizer import load_tokenizer
+  override = None
+  if tokenizer is not None:
+    if not _has_tokenizer_json(tokenizer):
+      raise ValueError(f"tokenizer={tokenizer!r} is invalid: allowed a directory with "
+                       "tokenizer.json")
+    override = FoundTokenizer(load_tokenizer(tokenizer), tokenizer, False)
+  if _kind(path) == "gguf":
+    if step is not None:
+      raise ValueError(f"step={step} is invalid for the GGUF file {path!r}: allowed only "
+                       "with a training workdir")
+    from t2mlr_jax.convert.gguf import from_gguf
+    cfg, params, tok = from_gguf(path)
+    return cfg, params, override or FoundTokenizer(tok, path, False)
+  found = override or find_tokenizer(path, step)
+  cfg, params = load_model(path, step)
+  return cfg, params, found
