@@ -219,9 +219,9 @@ def test_model_args_errors_name_the_key_and_the_allowed_values(models, tokenizer
   cfg, params = models["t2mlr_gamma0"]
   with pytest.raises(ValueError, match="temperature.*allowed path, step, tokenizer"):
     T2MLRLM.create_from_arg_string(f"path={tiny_gguf},temperature=0.5")
-  with pytest.raises(ValueError, match="mode='interleaved' is invalid.*exact, parallel, "
-                                       "jacobi"):
-    _lm(cfg, params, tokenizer, mode="interleaved")
+  with pytest.raises(ValueError, match="mode='sweeps' is invalid.*exact, parallel, "
+                                       "jacobi, interleaved, chunked, multi_refine"):
+    _lm(cfg, params, tokenizer, mode="sweeps")
   for key, value, allowed in [("prompt_control_flow", 3, "1 .* or 2"),
                               ("dtype", "float16", "float32, bfloat16"),
                               ("max_length", 65, "2..64"), ("batch_size", "auto", "a positive integer"),
