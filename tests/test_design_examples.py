@@ -55,6 +55,7 @@ def echo(monkeypatch):
   return cls
 
 
+@pytest.mark.slow       # 14 s; test_package_structure guards the shape by default
 def test_the_new_recurrence_type_runs_every_mode_and_schedule(echo):
   cfg = tiny_cfg(recurrence=echo(l_start=1, l_end=2))
   params = init_params(cfg, jax.random.PRNGKey(0))
@@ -72,6 +73,7 @@ def test_the_new_recurrence_type_runs_every_mode_and_schedule(echo):
   assert max_abs(step_logits, full[:, 2:5]) <= 1e-4
 
 
+@pytest.mark.slow       # the type example above runs by default
 def test_the_new_schedule_runs_every_recurrence_type(monkeypatch):
   ns = {"segments": segments, "embed": embed, "context": context, "run_segment": run_segment,
         "zero_states": zero_states, "previous_states": previous_states,

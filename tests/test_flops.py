@@ -101,3 +101,23 @@ def test_exact_training_on_long_sequences_warns_with_the_estimate(caplog):
   with caplog.at_level(logging.WARNING):
     validate(c)
   assert "train.mode='exact'" not in caplog.text
+
+
+def test_the_new_schedule_pairs_flops_match_xla(cfg):
+  """T2MLR under the refinement schedules (the layer below its span runs once) and LRT
+  under Jacobi (sweep 0 runs its feedback matmuls: it has no plain_state hook)."""
+  from t2mlr_jax import LRTConfig
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  tokens = np.zeros((B, T), np.int32)
+  lrt = ModelConfig(vocab_size=256, d_model=128, n_layers=2, n_heads=2, d_ff=512,
+                    max_seq_len=128, scan_layers=False, recurrence=LRTConfig())
+  lrt_params = init_params(lrt, jax.random.PRNGKey(0))
+  cases = [(cfg, params, "interleaved", dict(passes=2), {}),
+           (cfg, params, "multi_refine", dict(refine_passes=1), dict(sweeps=1)),
+           (lrt, lrt_params, "jacobi", dict(d_forward=2, d_backward=2), dict(d_forward=2))]
+  from t2mlr_jax import loss
+  for c, p, mode, opts, model_opts in cases:
+    # the loss reads every pass's logits (a bare forward lets XLA drop pass 0's head)
+    xla = _xla_flops(lambda p, t: loss(p, c, t, mode=mode, **opts), p, tokens)
+    model = flops.forward_flops(c, B, T, mode, **model_opts)
+    assert abs(model / xla - 1) < 0.10, (c.recurrence.type, mode, model, xla)

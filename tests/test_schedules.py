@@ -64,13 +64,14 @@ def test_each_schedule_at_its_exact_setting_is_the_exact_recurrence(kind, mode):
     assert aux["gate_means"].shape == (cfg.n_layers, 3)
 
 
-@pytest.mark.parametrize("kind", ["lrt", pytest.param("t2mlr", marks=pytest.mark.slow)])
+@pytest.mark.slow       # 15 s each: .ci/run's slow step
+@pytest.mark.parametrize("kind", ["lrt", "t2mlr"])
 def test_jacobi_with_every_sweep_differentiated_is_exact_bptt(kind):
   cfg, params = MODELS[kind]()
-  tokens = random_tokens(cfg, 2, T, seed=2)
+  tokens = random_tokens(cfg, 1, 4, seed=2)
   g_exact = jax.grad(lambda p: loss(p, cfg, tokens, mode="exact"))(params)
-  g_jac = jax.grad(lambda p: loss(p, cfg, tokens, mode="jacobi", d_forward=T,
-                                  d_backward=T))(params)
+  g_jac = jax.grad(lambda p: loss(p, cfg, tokens, mode="jacobi", d_forward=4,
+                                  d_backward=4))(params)
   worst = max(max_abs(a, b) for a, b in zip(jax.tree.leaves(g_exact), jax.tree.leaves(g_jac)))
   scale = max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(g_exact))
   assert worst <= 1e-5 * max(1.0, scale)
@@ -111,7 +112,8 @@ def test_t2mlr_refuses_the_kv_refresh_it_has_no_keys_for():
     forward(params, cfg, tokens, mode="interleaved", kv_refresh=True)
 
 
-@pytest.mark.parametrize("kind,mode", [("t2mlr", "interleaved"), ("lrt", "jacobi")])
+@pytest.mark.parametrize("kind,mode", [("t2mlr", "interleaved"),
+                                       pytest.param("lrt", "jacobi", marks=pytest.mark.slow)])
 def test_a_loss_of_the_new_pairs_trains(kind, mode):
   """A few SGD steps on one batch lower the loss (the gradient flows through the
   schedule's recurrence parameters)."""
@@ -145,13 +147,12 @@ def _cli(tmp_path, config, *overrides):
   return wd, out.stdout + out.stderr, json.loads(ev.stdout)
 
 
+@pytest.mark.slow       # three CLI runs; in-process training of the new pairs runs by default
 @pytest.mark.parametrize("config,mode,extra", [
     ("s5_retrieval.py", "interleaved", ["--config.model.recurrence.passes=3"]),
-    pytest.param("s5_retrieval_lrt.py", "jacobi", ["--config.model.recurrence.d_forward=5",
-                                                   "--config.model.recurrence.d_backward=2"],
-                 marks=pytest.mark.slow),
-    pytest.param("s5_retrieval.py", "multi_refine", ["--config.model.recurrence.refine_passes=2"],
-                 marks=pytest.mark.slow)])
+    ("s5_retrieval_lrt.py", "jacobi", ["--config.model.recurrence.d_forward=5",
+                                       "--config.model.recurrence.d_backward=2"]),
+    ("s5_retrieval.py", "multi_refine", ["--config.model.recurrence.refine_passes=2"])])
 def test_another_types_schedule_trains_and_evaluates_from_the_cli(tmp_path, config, mode, extra):
   from t2mlr_jax.train.metrics import read_metrics
   wd, log, ev = _cli(tmp_path, config, f"--config.train.mode={mode}", *extra)
