@@ -551,3 +551,53 @@ def test_cli_on_a_tiny_training_workdir(tmp_path):
   lm = T2MLRLM(path=workdir, batch_size=4)
   assert lm.add_bos is True and lm.tok.name == "byte"    # documents start with BOS
   assert 0.0 <= got["acc,none"] <= 1.0
+
+
+def _word_tokenizer(directory, vocab_size: int) -> str:
+  """A word-level tokenizer.json of `vocab_size` ids (WORDS and fillers, [UNK] at 0, EOS
+  <eos> at 1, named in tokenizer_config.json as lm-eval needs one)."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  vocab = {"[UNK]": 0, "<eos>": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
+  vocab.update({f"w{i}": i for i in range(len(vocab), vocab_size)})
+  tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  os.makedirs(directory, exist_ok=True)
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": "<eos>"}, f)
+  return str(directory)
+
+
+@pytest.mark.slow       # 16 s: .ci/run's slow step
+def test_official_checkpoints_score_through_an_export(tmp_path):
+  """The official T2MLR and LRT releases' checkpoints (tests/golden, converted by
+  from_official / from_official_lrt, whose logits equal the releases' in test_golden*)
+  exported, then scored by path= with a tokenizer= of their vocabulary: each
+  log-likelihood is the exact-mode loss on the same tokens."""
+  from t2mlr_jax import checkpoint
+  from t2mlr_jax.convert.official import from_official
+  from t2mlr_jax.convert.official_lrt import from_official_lrt
+  golden = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
+  z = dict(np.load(os.path.join(golden, "t2mlr_official_small.npz")))
+  meta = json.load(open(os.path.join(golden, "t2mlr_official_small.json")))
+  t2mlr = from_official({k: v for k, v in z.items() if k.startswith("t2mlr_model.")},
+                        {**meta["base_config"], "architectures": ["LlamaForCausalLM"]},
+                        l_start=2, l_end=3)
+  z = dict(np.load(os.path.join(golden, "lrt_official_small.npz")))
+  meta = json.load(open(os.path.join(golden, "lrt_official_small.json")))
+  lrt = from_official_lrt({e["name"]: z[e["name"]] for e in meta["state_dict"]},
+                          meta["gpt_config"])
+  reqs = [Instance("loglikelihood", {}, ("fox dog cat", " sea lazy"), 0),
+          Instance("loglikelihood", {}, ("brown be", " question"), 1)]
+  for name, (cfg, params) in (("t2mlr", t2mlr), ("lrt", lrt)):
+    export = str(tmp_path / name)
+    checkpoint.export(cfg, params, export)
+    tok = _word_tokenizer(tmp_path / f"tok_{name}", cfg.vocab_size)
+    with pytest.raises(ValueError, match="no tokenizer found"):
+      T2MLRLM.create_from_arg_string(f"path={export}")
+    lm = T2MLRLM.create_from_arg_string(f"path={export},tokenizer={tok},batch_size=2,"
+                                        "add_bos=False")
+    for req, (ll, _) in zip(reqs, lm.loglikelihood(reqs)):
+      ctx, cont = lm._encode_pair(*req.args)
+      assert ll == pytest.approx(_loss_loglik(cfg, params, ctx, cont, T=16),
+                                 abs=TOL * len(cont)), name
