@@ -14,17 +14,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "experiments", "results")
 
 
+def git_commit() -> str:
+  """The checkout's short commit ("unknown" outside a git checkout)."""
+  try:
+    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                   text=True).strip()
+  except Exception:  # not a checkout
+    return "unknown"
+
+
 def machine_info() -> dict:
   import jax
   info = {"platform": platform.platform(), "python": platform.python_version(),
           "cpus": os.cpu_count(), "jax": jax.__version__,
           "devices": [f"{d.platform}:{getattr(d, 'device_kind', '')}" for d in jax.devices()],
-          "xla_flags": os.environ.get("XLA_FLAGS", "")}
-  try:
-    info["commit"] = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                             text=True).strip()
-  except Exception:  # not a checkout
-    info["commit"] = "unknown"
+          "xla_flags": os.environ.get("XLA_FLAGS", ""), "commit": git_commit()}
   try:
     with open("/proc/cpuinfo") as f:
       names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]

@@ -20,13 +20,15 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "configs"))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+from bench_common import git_commit  # noqa: E402
 
 MODELS = {   # name -> config module
     "t2mlr_middle": "s5_retrieval",
@@ -39,14 +41,6 @@ MODELS = {   # name -> config module
                   lambda c: c.model.recurrence.update(passes=c.train.seq_len)),
 }
 PRESETS = {"word": "word", "retrieval": ""}
-
-
-def _git_commit() -> str:
-  try:
-    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                   text=True).strip()
-  except Exception:  # not a checkout
-    return "unknown"
 
 
 def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
@@ -106,7 +100,7 @@ def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
   report = {
       "preset": preset, "task": config.data.task, "group": config.data.group,
       "command": "python experiments/s5_length_sweep.py --preset=" + preset,
-      "commit": _git_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
+      "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M"),
       "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                   "devices": [str(d) for d in jax.devices()]},
       "versions": {"jax": jax.__version__, "python": platform.python_version()},

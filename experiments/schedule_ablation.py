@@ -21,13 +21,15 @@ import importlib
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "configs"))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+from bench_common import git_commit  # noqa: E402
 RESULTS = os.path.join(ROOT, "experiments", "results")
 
 # task -> (config variant, {run: (config module, lm variant, overrides)})
@@ -63,14 +65,6 @@ TASKS = {
     }),
 }
 LM_TOKENS = 2_457_600        # experiments/pretrain_lm.py's budget
-
-
-def _git_commit() -> str:
-  try:
-    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                   text=True).strip()
-  except Exception:  # not a checkout
-    return "unknown"
 
 
 def build_config(task: str, run: str, steps=None):
@@ -140,7 +134,7 @@ def run_one(task: str, run: str, workroot: str, steps=None) -> dict:
       "jacobi_sweeps_logged": sorted(set(sweeps)) or None,
       "train_loss_last": logs[-1]["loss"] if logs else None,
       **_final_metrics(task, evals),
-      "wall_s": round(wall, 1), "commit": _git_commit(), "machine": platform.processor() or
+      "wall_s": round(wall, 1), "commit": git_commit(), "machine": platform.processor() or
       platform.machine(), "date": time.strftime("%Y-%m-%d"),
       "command": (f"python experiments/schedule_ablation.py --task={task} --runs={run}"),
   }
