@@ -34,9 +34,8 @@ from t2mlr_jax.model.transformer import LayerCtx, embed, value_embed_inputs
 MODES = ("parallel", "exact", *SCHEDULES)
 # The options of each training schedule (forward/loss keyword arguments; config defaults).
 MODE_OPTIONS = {name: s.options for name, s in SCHEDULES.items()}
-ALL_OPTIONS = tuple(dict.fromkeys(o for opts in MODE_OPTIONS.values() for o in opts))
 
-__all__ = ["MODES", "MODE_OPTIONS", "ALL_OPTIONS", "HIDDEN_MODES", "ModeOut", "SeqInputs",
+__all__ = ["MODES", "MODE_OPTIONS", "HIDDEN_MODES", "ModeOut", "SeqInputs",
            "check_tokens", "exact", "forward", "hidden_states", "mode_options", "parallel",
            "positions_from_segments", "seq_inputs"]
 
