@@ -66,6 +66,17 @@ TASKS = {
 }
 LM_TOKENS = 2_457_600        # experiments/pretrain_lm.py's budget
 
+# Runs whose config (model, schedule, data, steps, batch, seed, optimizer) is a config's own
+# default job, already trained and recorded by another experiment: adopted from its JSON
+# (after checking the configs are equal), not trained again.
+#   task -> {run: (results file, key path to the run)}
+ADOPTED = {
+    "retrieval": {"t2mlr_jacobi": ("s5_default_job.json", ("runs", "t2mlr")),
+                  "lrt_interleaved": ("s5_default_job.json", ("runs", "lrt"))},
+    "lm": {"t2mlr_jacobi": ("pretrain_lm.json", ("arms", "t2mlr")),
+           "lrt_interleaved": ("pretrain_lm.json", ("arms", "lrt"))},
+}
+
 
 def build_config(task: str, run: str, steps=None):
   """The run's experiment config: its config module's own, with the schedule's fields."""
@@ -140,6 +151,67 @@ def run_one(task: str, run: str, workroot: str, steps=None) -> dict:
   }
 
 
+def _default_job_config(task: str, run: str):
+  """The config the adopted run trained: its module's own, with no schedule override."""
+  variant, runs = TASKS[task]
+  module, lm_variant, _ = runs[run]
+  config = importlib.import_module(module).get_config(lm_variant or variant)
+  if task == "lm":
+    config.data.path = os.path.join(ROOT, "data", "gutenberg_bpe2048")
+    config.train.num_steps = LM_TOKENS // (config.train.batch_size * config.train.seq_len)
+  return config
+
+
+def adopt(task: str, run: str) -> dict:
+  """A run of ADOPTED as this ablation records it, from the experiment that trained it.
+
+  Refuses (SystemExit) unless the ablation's config for the run trains what the recorded
+  run trained: the same model, schedule, optimizer, data, steps, batch and seed."""
+  from t2mlr_jax import flops
+  from t2mlr_jax.train import config as config_lib
+  file, keys = ADOPTED[task][run]
+  with open(os.path.join(RESULTS, file)) as f:
+    source = json.load(f)
+  for key in keys:
+    source = source[key]
+  ours, theirs = build_config(task, run), _default_job_config(task, run)
+  for group in ("model", "optimizer"):
+    if ours[group].to_dict() != theirs[group].to_dict():
+      raise SystemExit(f"{run}: the ablation's {group} config differs from {file}'s run")
+  cfg = config_lib.model_config(ours)
+  mode = config_lib.train_mode(ours, cfg)
+  if mode != config_lib.train_mode(theirs, config_lib.model_config(theirs)):
+    raise SystemExit(f"{run}: the ablation's schedule differs from {file}'s run")
+  t, s = ours.train, theirs.train
+  same = ("num_steps", "batch_size", "seq_len", "seed")   # mode: compared resolved above
+  if any(t[k] != s[k] for k in same) or ours.data.to_dict() != theirs.data.to_dict():
+    raise SystemExit(f"{run}: the ablation's train/data config differs from {file}'s run")
+  step_flops = flops.train_step_flops(cfg, t.batch_size, t.seq_len, mode)
+  record = {
+      "config": f"configs/{TASKS[task][1][run][0]}.py:{TASKS[task][1][run][1] or TASKS[task][0]}"
+                .rstrip(":"),
+      "overrides": TASKS[task][1][run][2], "train_mode": mode, "params": cfg.num_params(),
+      "recurrence": cfg.recurrence.to_dict(), "steps": t.num_steps, "seed": t.seed,
+      "tokens": t.num_steps * t.batch_size * t.seq_len, "step_flops": step_flops,
+      "train_flops": t.num_steps * step_flops, "jacobi_sweeps_logged": None,
+      "adopted_from": f"experiments/results/{file}:{'.'.join(keys)}",
+      "command": source["command"],
+  }
+  if task == "lm":
+    final = source["final"]
+    record.update(bpb_exact=final["exact"],
+                  bpb_views={k: v for k, v in final.items() if k not in ("step", "tokens",
+                                                                         "flops")},
+                  train_loss_last=source.get("train_loss_last"), wall_s=source["wall_s"])
+  else:
+    final, last = source["final_eval"], source["eval_curve"][-1]
+    assert last["step"] == t.num_steps, (run, last)
+    record.update({k: last[k] for k in ("seq_acc", "state_acc", "value_acc")},
+                  **final, wall_s=round(source["wall_minutes"] * 60, 1),
+                  commit=source["commit"], date=source["recorded"]["date"][:10])
+  return record
+
+
 def results_path(task: str) -> str:
   return os.path.join(RESULTS, f"schedule_ablation_{task}.json")
 
@@ -168,21 +240,39 @@ def table(task: str) -> str:
     base = runs.get("t2mlr_jacobi", {}).get("train_flops")
     lines = ["| run | schedule | params | BPB exact | BPB training view | train FLOPs "
              "(× T2MLR Jacobi) | wall |", "|---|---|---|---|---|---|---|"]
-    for name, r in runs.items():
+    for name, r in _ordered(task, runs):
       view = r["bpb_views"].get(r["train_mode"], float("nan"))
       ratio = f" ({r['train_flops'] / base:.2f}×)" if base else ""
-      lines.append(f"| {name} | {r['train_mode']} | {r['params']:,} | {r['bpb_exact']:.3f} | "
+      lines.append(f"| {_name(name, r)} | {r['train_mode']} | {r['params']:,} | {r['bpb_exact']:.3f} | "
                    f"{view:.3f} | {r['train_flops']:.3g}{ratio} | {r['wall_s'] / 60:.0f} min |")
-    return "\n".join(lines)
+    return "\n".join(lines + _footnote(runs))
   lengths = sorted({k for r in runs.values() for k in r["seq_acc_by_length"]}, key=int)
   lines = ["| run | schedule | params | " + " | ".join(lengths) + " | state acc | train FLOPs"
            " | wall |", "|---|---|---|" + "---|" * len(lengths) + "---|---|---|"]
-  for name, r in runs.items():
+  for name, r in _ordered(task, runs):
     accs = " | ".join(f"{r['seq_acc_by_length'].get(k, float('nan')):.2f}" for k in lengths)
-    lines.append(f"| {name} | {r['train_mode']} | {r['params']:,} | {accs} | "
+    lines.append(f"| {_name(name, r)} | {r['train_mode']} | {r['params']:,} | {accs} | "
                  f"{r.get('state_acc', float('nan')):.2f} | {r['train_flops']:.3g} | "
                  f"{r['wall_s'] / 60:.0f} min |")
-  return "\n".join(lines)
+  return "\n".join(lines + _footnote(runs))
+
+
+def _ordered(task: str, runs: dict) -> list:
+  """The recorded runs in TASKS' order (the order they were run in does not matter)."""
+  return [(name, runs[name]) for name in TASKS[task][1] if name in runs]
+
+
+def _name(name: str, record: dict) -> str:
+  return name + (" *" if "adopted_from" in record else "")
+
+
+def _footnote(runs: dict) -> list:
+  adopted = sorted({r["adopted_from"] for r in runs.values() if "adopted_from" in r})
+  if not adopted:
+    return []
+  return ["", "\\* the config's own default job, trained once and recorded in "
+          + ", ".join(f"`{a}`" for a in adopted) + " (same model, schedule, data, steps and "
+          "seed, checked by `adopt`), not trained again; its wall time is that run's."]
 
 
 def plot(task: str, path: str) -> None:
@@ -238,6 +328,12 @@ def main():
     result = load(args.task)
     if name in result["runs"] and not args.steps:
       print(f"{name}: recorded, skipped")
+      continue
+    if name in ADOPTED.get(args.task, {}) and not args.steps:
+      result["runs"][name] = adopt(args.task, name)
+      print(f"{name}: adopted from {result['runs'][name]['adopted_from']}")
+      save(args.task, result)
+      plot(args.task, results_path(args.task)[:-5] + ".png")
       continue
     record = run_one(args.task, name, args.workdir if not args.steps else
                      os.path.join(args.workdir, "smoke"), args.steps)
