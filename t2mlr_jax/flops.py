@@ -133,6 +133,22 @@ def train_step_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "pa
   return fwd + 2 * with_grad
 
 
+def train_flops_spent(cfg: ModelConfig, batch: int, seq_len: int, mode: str,
+                      train_log: list) -> float:
+  """The training FLOPs a run spent, from its train log: each window's steps
+  (`loss_window`) at the step cost of its mean Jacobi sweeps (the forward is linear in
+  the sweeps, so the mean is exact); other schedules cost the same at every step."""
+  total = 0.0
+  for record in train_log:
+    steps = record.get("loss_window")
+    if steps is None:
+      raise ValueError("train_log: a record without 'loss_window' (written by an older "
+                       "train loop?) cannot say how many steps it covers")
+    sweeps = record.get("jacobi_sweeps") if mode == "jacobi" else None
+    total += steps * train_step_flops(cfg, batch, seq_len, mode, sweeps=sweeps)
+  return total
+
+
 def exact_bptt_bytes(cfg: ModelConfig, batch: int, seq_len: int) -> float:
   """Bytes backpropagation through the exact mode keeps for its token-by-token loop: every
   step's key/value caches of the recurrent block (and their cotangents), quadratic in

@@ -367,3 +367,34 @@ def test_progress_without_a_terminal_writes_one_line_per_update():
   silent = io.StringIO()
   Progress(100, 0, enabled=False, stream=silent).update(10, loss=1.0)
   assert silent.getvalue() == ""
+
+
+def test_jacobi_sweeps_are_logged_as_the_window_mean_and_counted_in_flops_spent(tmp_path):
+  """Under a tolerance the sweeps vary by step (here 4 or 8: one free sweep or all); a log
+  line keeps their window mean, so the FLOPs a run spent are the same whatever log_every."""
+  from t2mlr_jax import flops
+  from t2mlr_jax.train import config as config_lib
+
+  def run(log_every):
+    c = tiny_config(num_steps=8, log_every=log_every, eval_every=8, checkpoint_every=8)
+    c.model.recurrence.update(d_forward=8, jacobi_tol=0.6)
+    wd = str(tmp_path / f"log{log_every}")
+    loop.train(c, wd, progress=False)
+    return c, read_metrics(wd)
+
+  c, each = run(1)
+  _, windows = run(4)
+  per_step = [r["jacobi_sweeps"] for r in each]
+  assert len(set(per_step)) > 1, per_step        # the tolerance made the sweeps vary
+  means = [float(np.mean(per_step[i:i + 4])) for i in (0, 4)]
+  assert [r["jacobi_sweeps"] for r in windows] == pytest.approx(means)
+  cfg = config_lib.model_config(c)
+  t = c.train
+  spent = [flops.train_flops_spent(cfg, t.batch_size, t.seq_len, "jacobi", log)
+           for log in (each, windows)]
+  by_step = sum(flops.train_step_flops(cfg, t.batch_size, t.seq_len, "jacobi", sweeps=s)
+                for s in per_step)
+  assert spent == pytest.approx([by_step, by_step], rel=1e-12)
+  assert by_step < 8 * flops.train_step_flops(cfg, t.batch_size, t.seq_len, "jacobi")
+  with pytest.raises(ValueError, match="loss_window"):
+    flops.train_flops_spent(cfg, t.batch_size, t.seq_len, "jacobi", [{"jacobi_sweeps": 4}])

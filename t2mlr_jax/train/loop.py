@@ -68,6 +68,12 @@ def _record_run(workdir, config):
   paths.write_text(root / "run_info.json", json.dumps(info, indent=2))
 
 
+# metrics logged as their mean over the log window (`loss_window` steps); the others are
+# the window's last step. Jacobi's sweeps vary by step under a tolerance: their mean times
+# the window is what `flops.train_flops_spent` counts.
+WINDOW_MEANS = ("loss", "jacobi_sweeps")
+
+
 def _say(message: str) -> None:
   """A status line for the console (process 0 only), above the progress bar."""
   if jax.process_index() == 0:
@@ -256,7 +262,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
           _check_finite(state, ckpt)
           fetched = jax.device_get(window)
           elapsed = time.perf_counter() - window_start
-          last = {k: float(np.mean([m[k] for m in fetched])) if k == "loss"
+          last = {k: float(np.mean([m[k] for m in fetched])) if k in WINDOW_MEANS
                   else _logged(fetched[-1][k]) for k in fetched[-1]}
           last["loss_last"] = float(np.asarray(fetched[-1]["loss"]))
           last["tokens_per_sec"] = len(window) * tokens_per_step / max(elapsed, 1e-9)
