@@ -17,6 +17,9 @@ embeddings, RoPE) and the data stream; parameter counts agree within 0.1%:
   lrt          LRT-layerwise, interleaved S = 2, d_ff 352; without LRT's value
                embeddings (at this size their [L, V, kv] tables would add 90% to the
                parameters)
+  lrt_shared   LRT the way its paper recommends (LRT-shared): one W_k / W_v pair for
+               every layer, memory read at layer 2 (0-based, upper-middle of 4), the
+               residual and key/value paths, no value embeddings; d_ff 416 (+8%) to match
   tiny         seconds on CPU for tests: byte-level data with 32-token blocks
 Evaluation: bits per byte on held-out blocks, exact (what decoding sees), parallel
 (recurrence off) and the training view (Jacobi / interleaved).
@@ -24,7 +27,7 @@ Evaluation: bits per byte on held-out blocks, exact (what decoding sees), parall
 
 from t2mlr_jax.train.config import base_config, recurrence_config
 
-VARIANTS = ("transformer", "t2mlr", "t2mlr_all", "lrt", "tiny")
+VARIANTS = ("transformer", "t2mlr", "t2mlr_all", "lrt", "lrt_shared", "tiny")
 BACKBONE = dict(arch="transformer", vocab_size=2048, d_model=128, n_layers=4, n_heads=4,
                 n_kv_heads=4, d_ff=384, max_seq_len=256, tie_embeddings=True,
                 rope_theta=10000.0)
@@ -55,6 +58,10 @@ def get_config(variant: str = "t2mlr"):
     c.model.recurrence = recurrence_config("lrt", source_layer=-1, passes=2,
                                            value_embeds=False)
     c.model.d_ff = 352
+  elif variant == "lrt_shared":
+    c.model.recurrence = recurrence_config("lrt", source_layer=2, projection="shared",
+                                           passes=2, value_embeds=False)
+    c.model.d_ff = 416
   if variant == "tiny":
     c.model.update(vocab_size=259, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=64,
                    max_seq_len=64)

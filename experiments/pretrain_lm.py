@@ -2,15 +2,22 @@
 transformer on the Gutenberg corpus (configs/lm_gutenberg.py), at one budget in tokens,
 then the transformer again at the costliest arm's training FLOPs.
 
-    python experiments/pretrain_lm.py [--tokens=2457600] [--seed=0]
+    python experiments/pretrain_lm.py [--tokens=2457600] [--seed=0] [--arms=a,b]
+    python experiments/pretrain_lm.py --table       # every arm over the seeds recorded
 
 Prepares the data when data/gutenberg_bpe2048 is missing (fetches the sdist with pip).
 Every arm reads the same shuffled block stream (same seed) and is evaluated on the same
 64 held-out blocks in bits per byte: `exact` (the true recurrence, what decoding sees),
 `parallel` (recurrence off) and the training view (Jacobi / interleaved). FLOPs are the
-library's cost model (t2mlr_jax.flops.train_step_flops). Writes
-experiments/results/pretrain_lm.json and pretrain_lm.png; finished runs in --workdir are
-read back instead of retrained.
+library's cost model (t2mlr_jax.flops.train_step_flops), and for Jacobi under a
+tolerance the FLOPs the run spent (its logged sweeps, `flops.train_flops_spent`).
+
+An arm is a config variant plus config overrides (ARMS): the four of the comparison, the
+LRT the way its paper runs it (`lrt_shared*`: optimizer, learning rate and path
+ablations) and T2MLR at cheaper Jacobi settings (`t2mlr_<D_f>_<D_b>`, `t2mlr_tol`).
+Results accumulate, one file per seed (experiments/results/pretrain_lm.json for seed 0,
+pretrain_lm_seed<k>.json for the others), written after every arm; a recorded arm is
+skipped (--rerun to train it again); an arm stopped half-way resumes from its workdir.
 """
 
 from __future__ import annotations
@@ -26,8 +33,37 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from bench_common import git_commit  # noqa: E402
 RESULTS = os.path.join(ROOT, "experiments", "results")
-ARMS = ("transformer", "t2mlr", "t2mlr_all", "lrt")
+# The tied embedding is Muon's "embeddings" group (train/optimizer.py); it is the LM head
+# too, so it gets nanochat's unembedding LR (0.004) rather than the embedding's 0.2.
+_MUON = {"optimizer.name": "muon", "optimizer.embedding_lr": 0.004}
+_T2MLR = lambda d_f, d_b: {"model.recurrence.d_forward": d_f, "model.recurrence.d_backward": d_b}
+# name -> (configs/lm_gutenberg.py variant, config overrides)
+ARMS = {
+    "transformer": ("transformer", {}),
+    "t2mlr": ("t2mlr", {}),                                  # Jacobi 16/4
+    "t2mlr_all": ("t2mlr_all", {}),
+    "lrt": ("lrt", {}),                                      # layerwise, final state, AdamW
+    # LRT the paper's way (shared K/V, source layer 2, residual + K/V paths)
+    "lrt_shared": ("lrt_shared", {}),
+    "lrt_shared_muon": ("lrt_shared", _MUON),
+    "lrt_shared_lr1e-3": ("lrt_shared", {"optimizer.lr": 1e-3}),
+    "lrt_shared_lr4e-3": ("lrt_shared", {"optimizer.lr": 4e-3}),
+    "lrt_shared_muon_lr0.01": ("lrt_shared", {**_MUON, "optimizer.matrix_lr": 0.01}),
+    "lrt_shared_muon_lr0.04": ("lrt_shared", {**_MUON, "optimizer.matrix_lr": 0.04}),
+    "lrt_shared_final": ("lrt_shared", {"model.recurrence.source_layer": -1}),
+    "lrt_shared_residual": ("lrt_shared", {"model.recurrence.key": False,
+                                           "model.recurrence.value": False}),
+    # T2MLR middle at cheaper Jacobi settings
+    "t2mlr_8_2": ("t2mlr", _T2MLR(8, 2)),
+    "t2mlr_4_2": ("t2mlr", _T2MLR(4, 2)),
+    "t2mlr_4_1": ("t2mlr", _T2MLR(4, 1)),
+    "t2mlr_2_1": ("t2mlr", _T2MLR(2, 1)),
+    "t2mlr_tol": ("t2mlr", {"model.recurrence.jacobi_tol": 1e-2}),
+}
+DEFAULT_ARMS = ("transformer", "t2mlr", "t2mlr_all", "lrt")
 
 
 def _config_module():
@@ -51,18 +87,35 @@ def ensure_data(data: str) -> None:
                   vocab_size=2048, block_size=256)
 
 
-def run_arm(name: str, variant: str, steps: int, evals: int, seed: int, data: str,
-            workdir: str) -> dict:
+def arm_config(name: str, steps: int, evals: int, seed: int, data: str):
+  """The experiment config of an arm: its variant's, with the arm's overrides."""
+  if name not in ARMS:
+    raise SystemExit(f"--arms: unknown arm {name!r}; allowed {sorted(ARMS)}")
+  variant, overrides = ARMS[name]
+  config = _config_module().get_config(variant)
+  config.data.path = data
+  config.train.update(num_steps=steps, eval_every=max(1, steps // evals), seed=seed,
+                      checkpoint_every=max(1, steps // evals), log_every=25)
+  for key, value in overrides.items():
+    node, *path = key.split(".")
+    node = config[node]
+    for part in path[:-1]:
+      node = node[part]
+    if path[-1] not in node:
+      raise SystemExit(f"arm {name}: {key} is not a config field")
+    node[path[-1]] = value
+  return config
+
+
+def run_arm(name: str, steps: int, evals: int, seed: int, data: str, workdir: str) -> dict:
   import jax
 
   from t2mlr_jax import flops
   from t2mlr_jax.train import config as config_lib
   from t2mlr_jax.train.loop import train
   from t2mlr_jax.train.metrics import read_metrics
-  config = _config_module().get_config(variant)
-  config.data.path = data
-  config.train.update(num_steps=steps, eval_every=max(1, steps // evals), seed=seed,
-                      checkpoint_every=max(1, steps // evals), log_every=25)
+  variant, overrides = ARMS[name]
+  config = arm_config(name, steps, evals, seed, data)
   started = time.time()
   train(config, workdir, progress=False)
   wall = time.time() - started
@@ -83,16 +136,44 @@ def run_arm(name: str, variant: str, steps: int, evals: int, seed: int, data: st
         point[view] = v["bpb"]
     curve.append(point)
   train_log = read_metrics(workdir, "train")
+  spent = flops.train_flops_spent(cfg, t.batch_size, t.seq_len, mode, train_log)
+  sweeps = [r["jacobi_sweeps"] * r["loss_window"] for r in train_log if "jacobi_sweeps" in r]
   jax.clear_caches()
-  return {"variant": variant, "params": cfg.num_params(), "d_ff": cfg.d_ff,
-          "train_mode": mode, "recurrence": config.model.recurrence.to_dict(),
+  flags = "".join(f" --config.{k}={v}" for k, v in overrides.items())
+  return {"variant": variant, "overrides": overrides, "params": cfg.num_params(),
+          "d_ff": cfg.d_ff, "train_mode": mode, "recurrence": config.model.recurrence.to_dict(),
+          "optimizer": config.optimizer.name, "seed": seed,
           "steps": steps, "tokens": steps * tokens_per_step, "step_flops": step_flops,
-          "flops": steps * step_flops, "final": curve[-1], "curve": curve,
+          "flops": steps * step_flops, "flops_spent": spent,
+          "jacobi_sweeps_mean": sum(sweeps) / steps if sweeps else None,
+          "final": curve[-1], "curve": curve,
           "train_loss_last": train_log[-1]["loss"] if train_log else None,
           "tokens_per_sec_last": train_log[-1]["tokens_per_sec"] if train_log else None,
-          "wall_s": round(wall, 1),
+          "wall_s": round(wall, 1), "commit": git_commit(),
           "command": f"python -m t2mlr_jax.main --config=configs/lm_gutenberg.py:{variant} "
-                     f"--config.train.num_steps={steps} --config.train.seed={seed}"}
+                     f"--config.train.num_steps={steps} --config.train.seed={seed}{flags}",
+          "reproduce": f"python experiments/pretrain_lm.py --seed={seed} --arms={name}"}
+
+
+def results_path(seed: int, out_dir: str = RESULTS) -> str:
+  """One file per seed: pretrain_lm.json (seed 0), pretrain_lm_seed<k>.json."""
+  return os.path.join(out_dir, "pretrain_lm.json" if seed == 0 else
+                      f"pretrain_lm_seed{seed}.json")
+
+
+def load_results(path: str) -> dict:
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  return {"arms": {}}
+
+
+def save_results(path: str, result: dict) -> None:
+  """Atomically: a run killed while writing leaves the previous file whole."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(result, f, indent=2)
+  os.replace(path + ".tmp", path)
 
 
 def plot(result: dict, path: str) -> None:
@@ -120,18 +201,80 @@ def plot(result: dict, path: str) -> None:
   fig.savefig(path, dpi=120)
 
 
+def seeds_recorded(out_dir: str = RESULTS) -> dict:
+  """{seed: results} of every per-seed file in out_dir."""
+  found = {}
+  for file in sorted(os.listdir(out_dir)):
+    if file == "pretrain_lm.json" or (file.startswith("pretrain_lm_seed")
+                                      and file.endswith(".json")):
+      with open(os.path.join(out_dir, file)) as f:
+        result = json.load(f)
+      found[int(result.get("seed", 0))] = result
+  return found
+
+
+def _at_flops(curve: list, target: float):
+  """The transformer's exact BPB at `target` FLOPs, linear in log FLOPs between its
+  evaluations (None outside the curve)."""
+  points = sorted((p["flops"], p["exact"]) for p in curve)
+  for (f0, b0), (f1, b1) in zip(points, points[1:]):
+    if f0 <= target <= f1:
+      w = (math.log(target) - math.log(f0)) / (math.log(f1) - math.log(f0))
+      return b0 + w * (b1 - b0)
+  return None
+
+
+def table(out_dir: str = RESULTS) -> str:
+  """Every arm: params, FLOPs (and × the transformer), exact BPB as mean (min–max) over
+  the seeds recorded, and the transformer's BPB at the arm's FLOPs (same seeds)."""
+  seeds = seeds_recorded(out_dir)
+  names = [n for n in list(ARMS) + ["transformer_flops"]
+           if any(n in r["arms"] for r in seeds.values())]
+  lines = ["| arm | params | seeds | train TFLOP (spent) | × transformer | BPB exact, mean "
+           "(min–max) | transformer at these FLOPs |", "|---|---|---|---|---|---|---|"]
+  for name in names:
+    runs = {s: r["arms"][name] for s, r in seeds.items() if name in r["arms"]}
+    bpb = [a["final"]["exact"] for a in runs.values()]
+    first = next(iter(runs.values()))
+    spent = first.get("flops_spent") or first["flops"]
+    base = [r["arms"]["transformer"]["flops"] for r in seeds.values()
+            if "transformer" in r["arms"]]                  # at the same budget in tokens
+    ratio = f"{spent / base[0]:.2f}×" if base else "—"
+    matched = [_at_flops(r["arms"]["transformer_flops"]["curve"], a.get("flops_spent")
+                         or a["flops"])
+               for s, a in runs.items() for r in [seeds[s]]
+               if "transformer_flops" in r["arms"] and name not in ("transformer",
+                                                                     "transformer_flops")]
+    matched = [m for m in matched if m is not None]
+    spread = f" ({min(bpb):.4f}–{max(bpb):.4f})" if len(bpb) > 1 else ""
+    lines.append(f"| {name} | {first['params']:,} | {','.join(map(str, sorted(runs)))} | "
+                 f"{spent / 1e12:.1f} | {ratio} | {sum(bpb) / len(bpb):.4f}{spread} | "
+                 + (f"{sum(matched) / len(matched):.4f}" if matched else "—") + " |")
+  return "\n".join(lines)
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--tokens", type=int, default=2_457_600, help="training tokens per arm")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--evals", type=int, default=4, help="evaluations per arm")
-  p.add_argument("--arms", default=",".join(ARMS))
+  p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                 help=f"comma-separated, of {', '.join(ARMS)}")
   p.add_argument("--data", default=os.path.join(ROOT, "data", "gutenberg_bpe2048"))
   p.add_argument("--workdir", default=os.path.join(ROOT, "workdirs", "pretrain_lm"))
   p.add_argument("--no_flops_match", action="store_true",
                  help="skip the transformer run at the costliest arm's FLOPs")
-  p.add_argument("--out", default=os.path.join(RESULTS, "pretrain_lm.json"))
+  p.add_argument("--rerun", action="store_true", help="train recorded arms again")
+  p.add_argument("--out_dir", default=RESULTS)
+  p.add_argument("--table", action="store_true", help="print the table over seeds and exit")
   args = p.parse_args()
+  if args.table:
+    print(table(args.out_dir))
+    return
+  names = [n for n in args.arms.split(",") if n]
+  unknown = [n for n in names if n not in ARMS]
+  if unknown:
+    p.error(f"--arms: unknown {unknown}; allowed {sorted(ARMS)}")
   from t2mlr_jax.data import lm
   from t2mlr_jax.train.metrics import quiet_absl_logs
   quiet_absl_logs()
@@ -139,46 +282,57 @@ def main():
   manifest = lm.read_manifest(args.data)
   tokens_per_step = 16 * manifest["block_size"]
   steps = math.ceil(args.tokens / tokens_per_step)
-  arms = {}
-  for name in args.arms.split(","):
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: {steps} steps", flush=True)
-    arms[name] = run_arm(name, name, steps, args.evals, args.seed, args.data,
-                         os.path.join(args.workdir, f"{name}_seed{args.seed}"))
-    print(f"  exact bpb {arms[name]['final']['exact']:.4f} in {arms[name]['wall_s']} s",
-          flush=True)
-  if not args.no_flops_match and "transformer" in arms:
-    target = max((a for n, a in arms.items() if n != "transformer"), key=lambda a: a["flops"],
-                 default=None)
-    if target is not None:
-      tf_steps = math.ceil(target["flops"] / arms["transformer"]["step_flops"])
-      print(f"[{time.strftime('%H:%M:%S')}] transformer_flops: {tf_steps} steps "
-            f"(= {target['variant']}'s FLOPs)", flush=True)
-      arms["transformer_flops"] = run_arm("transformer_flops", "transformer", tf_steps,
-                                          2 * args.evals, args.seed, args.data,
-                                          os.path.join(args.workdir,
-                                                       f"transformer_flops_seed{args.seed}"))
-      arms["transformer_flops"]["matches_flops_of"] = target["variant"]
-  result = {
-      "command": "python experiments/pretrain_lm.py " + " ".join(sys.argv[1:]),
+  out = results_path(args.seed, args.out_dir)
+  header = {
       "data": {"path": os.path.relpath(args.data, ROOT), "block_size": manifest["block_size"],
                "tokenizer": manifest["tokenizer"],
                "splits": {k: {f: v[f] for f in ("documents", "tokens", "bytes", "blocks")}
                           for k, v in manifest["splits"].items()}},
-      "budget_tokens": steps * tokens_per_step, "seed": args.seed, "eval_blocks": 64,
-      "arms": arms,
-      "recorded": {"date": time.strftime("%Y-%m-%d %H:%M"), "machine":
-                   f"{platform.machine()}, {os.cpu_count()} CPU cores"}}
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=2)
-  plot(result, os.path.splitext(args.out)[0] + ".png")
-  for name, arm in arms.items():
+      "budget_tokens": steps * tokens_per_step, "seed": args.seed, "eval_blocks": 64}
+
+  def record(name, arm):
+    result = load_results(out)
+    if result.get("budget_tokens", header["budget_tokens"]) != header["budget_tokens"]:
+      raise SystemExit(f"{out} holds runs at {result['budget_tokens']} tokens, not "
+                       f"{header['budget_tokens']}: pass --out_dir for another budget")
+    result.update(header)
+    result["arms"][name] = arm
+    result["recorded"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine":
+                          f"{platform.machine()}, {os.cpu_count()} CPU cores"}
+    save_results(out, result)
+    plot(result, os.path.splitext(out)[0] + ".png")
+
+  for name in names:
+    done = load_results(out)["arms"]
+    if name in done and not args.rerun:
+      print(f"{name}: recorded in {os.path.relpath(out, ROOT)}, skipped")
+      continue
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: {steps} steps", flush=True)
+    arm = run_arm(name, steps, args.evals, args.seed, args.data,
+                  os.path.join(args.workdir, f"{name}_seed{args.seed}"))
+    record(name, arm)
+    print(f"  exact bpb {arm['final']['exact']:.4f} in {arm['wall_s']} s", flush=True)
+  done = load_results(out)["arms"]
+  if not args.no_flops_match and "transformer" in names and (
+      "transformer_flops" not in done or args.rerun):
+    others = [a for n, a in done.items() if n not in ("transformer", "transformer_flops")]
+    if others:
+      target = max(others, key=lambda a: a.get("flops_spent") or a["flops"])
+      tf_steps = math.ceil((target.get("flops_spent") or target["flops"])
+                           / done["transformer"]["step_flops"])
+      print(f"[{time.strftime('%H:%M:%S')}] transformer_flops: {tf_steps} steps "
+            f"(= {target['variant']}'s FLOPs)", flush=True)
+      arm = run_arm("transformer", tf_steps, 2 * args.evals, args.seed, args.data,
+                    os.path.join(args.workdir, f"transformer_flops_seed{args.seed}"))
+      arm["matches_flops_of"] = target["variant"]
+      record("transformer_flops", arm)
+  for name, arm in load_results(out)["arms"].items():
     f = arm["final"]
     views = ", ".join(f"{k} {v:.4f}" for k, v in f.items() if k not in ("step", "tokens",
                                                                           "flops"))
-    print(f"{name:18s} params {arm['params']:,}  tokens {arm['tokens']:,}  "
+    print(f"{name:24s} params {arm['params']:,}  tokens {arm['tokens']:,}  "
           f"TFLOP {arm['flops'] / 1e12:.1f}  bpb: {views}")
-  print(f"wrote {args.out}")
+  print(f"wrote {out}")
 
 
 if __name__ == "__main__":

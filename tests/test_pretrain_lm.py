@@ -1,0 +1,72 @@
+"""experiments/pretrain_lm.py: every arm is a valid config of its variant, results
+accumulate one file per seed, and the table reports mean and range over the seeds."""
+
+import importlib.util
+import json
+import math
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _module():
+  spec = importlib.util.spec_from_file_location(
+      "pretrain_lm", os.path.join(ROOT, "experiments", "pretrain_lm.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_every_arm_validates_and_the_lrt_shared_arms_are_the_papers():
+  from t2mlr_jax.train.config import train_mode, validate
+  pl = _module()
+  base = validate(pl.arm_config("transformer", 600, 4, 0, "d")).num_params()
+  for name in pl.ARMS:
+    config = pl.arm_config(name, 600, 4, 0, "d")
+    cfg = validate(config)
+    if name.startswith("lrt_shared") and name != "lrt_shared_residual":
+      assert abs(cfg.num_params() / base - 1) < 0.005, name      # matched within 0.5%
+      r = cfg.recurrence
+      assert r.projection == "shared" and r.residual and r.key and r.value
+      assert not r.value_embeds
+      assert r.source_layer == (-1 if name == "lrt_shared_final" else 2)
+    if name.startswith("t2mlr_") and name != "t2mlr_all":
+      assert train_mode(config, cfg) == "jacobi"
+  assert pl.arm_config("t2mlr_4_1", 600, 4, 0, "d").model.recurrence.d_backward == 1
+  muon = pl.arm_config("lrt_shared_muon", 600, 4, 0, "d")
+  assert muon.optimizer.name == "muon" and muon.model.tie_embeddings
+  assert muon.optimizer.embedding_lr == muon.optimizer.unembedding_lr   # the tied head's
+  with pytest.raises(SystemExit, match="unknown arm"):
+    pl.arm_config("lrt_wide", 600, 4, 0, "d")
+
+
+def _arm(params, flops, bpb, steps=600, curve=None):
+  return {"params": params, "steps": steps, "step_flops": flops / steps, "flops": flops,
+          "flops_spent": flops, "final": {"exact": bpb}, "variant": "v",
+          "curve": curve or [{"flops": flops, "exact": bpb}]}
+
+
+def test_results_accumulate_per_seed_and_the_table_gives_mean_and_range(tmp_path):
+  pl = _module()
+  assert pl.results_path(0, str(tmp_path)).endswith("/pretrain_lm.json")
+  assert pl.results_path(2, str(tmp_path)).endswith("/pretrain_lm_seed2.json")
+  curve = [{"flops": 1e13, "exact": 2.4}, {"flops": 1e14, "exact": 2.0}]
+  for seed, (tf, t2) in enumerate([(2.25, 2.27), (2.27, 2.26), (2.26, 2.30)]):
+    path = pl.results_path(seed, str(tmp_path))
+    for name, arm in (("transformer", _arm(1000, 2e13, tf)), ("t2mlr", _arm(990, 8e13, t2)),
+                      ("transformer_flops", _arm(1000, 1e14, 2.0, 3000, curve))):
+      result = pl.load_results(path)                # each arm added to what is there
+      result["seed"] = seed
+      result["arms"][name] = arm
+      pl.save_results(path, result)
+  assert sorted(json.load(open(pl.results_path(1, str(tmp_path))))["arms"]) == \
+      ["t2mlr", "transformer", "transformer_flops"]
+  rows = {line.split(" | ")[0][2:]: line.split(" | ")
+          for line in pl.table(str(tmp_path)).splitlines()[2:]}
+  assert rows["transformer"][2:6] == ["0,1,2", "20.0", "1.00×", "2.2600 (2.2500–2.2700)"]
+  assert rows["t2mlr"][2:6] == ["0,1,2", "80.0", "4.00×", "2.2767 (2.2600–2.3000)"]
+  # the transformer's BPB at 8e13 FLOPs, linear in log FLOPs between 1e13 and 1e14
+  expected = 2.4 - 0.4 * math.log10(8)
+  assert float(rows["t2mlr"][6].rstrip(" |")) == pytest.approx(expected, abs=1e-4)
