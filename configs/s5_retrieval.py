@@ -4,6 +4,8 @@ Variants (`--config=configs/s5_retrieval.py:VARIANT`):
   (default)  a CPU-sized run (14 min on 2 cores) on the group S3 that learns the state
              and the lookup, see docs/experiments.md
   word       the plain word problem on S3 (the CPU length sweep)
+  v2, v4     the default job with 2- or 4-character values (the official v is 4): a
+             dictionary the fixed state of an LSTM must hold grows with v
   tiny       seconds on CPU, for tests
   paper      the official setting (S5, 6 layers, H 384, NoPE, 400k steps,
              train 1-32 / test 1-48 actions) for accelerators
@@ -72,6 +74,19 @@ def get_config(variant: str = ""):
                   eval_lengths="4,8,12,16", eval_examples_per_length=128, eval_batch_size=128)
     c.train.update(num_steps=6000, batch_size=32, seq_len=32, eval_every=1000,
                    checkpoint_every=500, log_every=50)
+  elif variant in VALUE_VARIANTS:
+    # The default job with v-character values: sequences of (N_dict + N)(1 + v) + 1 tokens
+    # (N_dict <= 6 on S3), a recurrent span of N(1 + v) + 1 = 25 / 41 at 8 actions, which
+    # D_f covers as the default's 17 does (Jacobi trains on exact caches).
+    v = VALUE_VARIANTS[variant]
+    c = get_config("")
+    c.data.value_len = v
+    c.model.recurrence.d_forward = 8 * (1 + v) + 1
+    c.train.seq_len = -(-((6 + 8) * (1 + v) + 1) // 8) * 8
   else:
-    raise ValueError(f"unknown variant {variant!r}: allowed '', 'tiny', 'word', 'paper'")
+    raise ValueError(f"unknown variant {variant!r}: allowed '', 'tiny', 'word', 'paper', "
+                     f"{', '.join(repr(v) for v in VALUE_VARIANTS)}")
   return c
+
+
+VALUE_VARIANTS = {"v2": 2, "v4": 4}

@@ -37,7 +37,7 @@ def test_tiny_run_reduces_loss_and_reports_lengths(tmp_path, module):
 
 def test_matched_budgets():
   """The CPU presets compare models of (nearly) the same size."""
-  for variant in ("", "word"):
+  for variant in ("", "word", *s5_retrieval.VALUE_VARIANTS):
     ref = model_config(s5_retrieval.get_config(variant)).num_params()
     for module in (s5_retrieval_transformer, s5_retrieval_lstm, s5_retrieval_all_layers):
       n = model_config(module.get_config(variant)).num_params()
@@ -46,6 +46,22 @@ def test_matched_budgets():
   assert paper.model.rope_theta is None and paper.model.n_layers == 6
   assert paper.train.num_steps == 400_000 and paper.data.eval_max_actions == 48
   assert model_config(s5_retrieval_lstm.get_config("paper")).d_model == 360
+
+
+@pytest.mark.parametrize("variant", ["", *s5_retrieval.VALUE_VARIANTS])
+def test_value_variants_fit_their_sequences_and_jacobi_covers_the_span(variant):
+  """The default job with v-character values: the longest training example fits seq_len
+  (never truncated), the longest evaluated one max_seq_len, and D_f the recurrent span
+  (the steps: N(1 + v) + 1 tokens), as the default's 17 at v = 1."""
+  from t2mlr_jax.data import s5
+  c = s5_retrieval.get_config(variant)
+  d = c.data
+  longest = s5.sequence_length(d.max_actions, value_len=d.value_len, group=d.group)
+  assert longest <= c.train.seq_len < longest + 8
+  assert s5.sequence_length(max(map(int, d.eval_lengths.split(","))), value_len=d.value_len,
+                            group=d.group) <= c.model.max_seq_len
+  assert c.model.recurrence.d_forward == d.max_actions * (1 + d.value_len) + 1
+  assert c.data.value_len == s5_retrieval.VALUE_VARIANTS.get(variant, 1)
 
 
 def test_lstm_is_causal():

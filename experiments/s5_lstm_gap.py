@@ -1,0 +1,150 @@
+"""Where the LSTM fails retrieval: the S5-Retrieval default job's four arms (T2MLR, the
+parameter-matched LSTM, the transformer, LRT) on value-length variants of it, under one
+budget (the default job's 6000 steps, its curricula and optimizer).
+
+    python experiments/s5_lstm_gap.py --variants=v2,v4 --arms=lstm          # the screen
+    python experiments/s5_lstm_gap.py --variants=v4 --arms=t2mlr,lstm --seeds=0,1
+    python experiments/s5_lstm_gap.py --table
+
+A variant is configs/s5_retrieval.py's (`v2`, `v4`: 2- or 4-character dictionary values;
+`` is the default job, v = 1); each arm is its config module's variant
+(s5_retrieval{,_lstm,_transformer,_lrt}.py), nothing else changed. Results accumulate in
+experiments/results/s5_lstm_gap.json, one record per (variant, arm, seed), written after
+every run (a recorded run is skipped; one stopped half-way resumes from its workdir).
+Evaluated with the exact recurrence on 128 held-out S3 sequences per length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "configs"))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+from bench_common import git_commit, machine_info  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "experiments", "results", "s5_lstm_gap.json")
+ARMS = {"t2mlr": "s5_retrieval", "lstm": "s5_retrieval_lstm",
+        "transformer": "s5_retrieval_transformer", "lrt": "s5_retrieval_lrt"}
+VARIANTS = ("", "v2", "v4")
+SOLVED = 0.9        # sequence accuracy at the training lengths that counts as solved
+
+
+def build_config(variant: str, arm: str, seed: int):
+  config = importlib.import_module(ARMS[arm]).get_config(variant)
+  config.train.seed = seed
+  return config
+
+
+def key(variant: str, arm: str, seed: int) -> str:
+  return f"{variant or 'v1'}/{arm}/seed{seed}"
+
+
+def run_one(variant: str, arm: str, seed: int, workroot: str) -> dict:
+  import jax
+
+  from t2mlr_jax.train import config as config_lib
+  from t2mlr_jax.train.loop import train
+  from t2mlr_jax.train.metrics import read_metrics
+  config = build_config(variant, arm, seed)
+  workdir = os.path.join(workroot, key(variant, arm, seed).replace("/", "_"))
+  started = time.time()
+  train(config, workdir, progress=False)
+  wall = time.time() - started
+  evals = read_metrics(workdir, "eval")
+  if not evals or evals[-1]["step"] != config.train.num_steps:
+    raise SystemExit(f"{key(variant, arm, seed)} stopped before step "
+                     f"{config.train.num_steps} (interrupted?): rerun to resume")
+  cfg = config_lib.model_config(config)
+  final = evals[-1]
+  jax.clear_caches()
+  return {
+      "variant": variant, "arm": arm, "seed": seed, "params": cfg.num_params(),
+      "arch": cfg.arch, "value_len": config.data.value_len,
+      "train_mode": config_lib.train_mode(config, cfg) if cfg.recurrence else "parallel",
+      "steps": config.train.num_steps,
+      **{k: final[k] for k in ("seq_acc", "state_acc", "value_acc", "seq_acc_by_length",
+                               "state_acc_by_length", "value_acc_by_length")},
+      "curve": [{k: r[k] for k in ("step", "seq_acc", "state_acc", "value_acc")}
+                for r in evals],
+      "wall_s": round(wall, 1), "commit": git_commit(),
+      "machine": machine_info().get("cpu_model", ""), "date": time.strftime("%Y-%m-%d"),
+      "command": f"python -m t2mlr_jax.main --config=configs/{ARMS[arm]}.py"
+                 + (f":{variant}" if variant else "") + f" --config.train.seed={seed}",
+  }
+
+
+def load() -> dict:
+  if os.path.exists(RESULTS):
+    with open(RESULTS) as f:
+      return json.load(f)
+  return {"runs": {}}
+
+
+def save(result: dict) -> None:
+  with open(RESULTS + ".tmp", "w") as f:
+    json.dump(result, f, indent=1)
+  os.replace(RESULTS + ".tmp", RESULTS)
+
+
+def table() -> str:
+  """One row per (variant, arm): accuracies at each evaluated length, per seed."""
+  runs = load()["runs"]
+  if not runs:
+    return "(no runs recorded yet)"
+  lengths = sorted({k for r in runs.values() for k in r["seq_acc_by_length"]}, key=int)
+  lines = ["| v | arm | params | seed | " + " | ".join(f"seq {n}" for n in lengths)
+           + " | state acc | value acc | wall |",
+           "|---|---|---|---|" + "---|" * len(lengths) + "---|---|---|"]
+  order = {a: i for i, a in enumerate(ARMS)}
+  for name, r in sorted(runs.items(), key=lambda kv: (kv[1]["value_len"],
+                                                      order[kv[1]["arm"]], kv[1]["seed"])):
+    accs = " | ".join(f"{r['seq_acc_by_length'].get(n, float('nan')):.2f}" for n in lengths)
+    lines.append(f"| {r['value_len']} | {r['arm']} | {r['params']:,} | {r['seed']} | {accs} | "
+                 f"{r['state_acc']:.2f} | {r['value_acc']:.2f} | {r['wall_s'] / 60:.0f} min |")
+  return "\n".join(lines)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--variants", default="v2,v4", help=f"comma-separated, of {VARIANTS} "
+                 "('v1' names the default job)")
+  p.add_argument("--arms", default="lstm", help=f"comma-separated, of {list(ARMS)}")
+  p.add_argument("--seeds", default="0")
+  p.add_argument("--workdir", default=os.path.join(ROOT, "workdirs", "s5_lstm_gap"))
+  p.add_argument("--table", action="store_true")
+  args = p.parse_args()
+  if args.table:
+    print(table())
+    return
+  variants = ["" if v == "v1" else v for v in args.variants.split(",") if v]
+  arms = [a for a in args.arms.split(",") if a]
+  bad = [v for v in variants if v not in VARIANTS] + [a for a in arms if a not in ARMS]
+  if bad:
+    p.error(f"unknown {bad}: allowed variants {['v1', *VARIANTS[1:]]}, arms {list(ARMS)}")
+  seeds = [int(s) for s in args.seeds.split(",")]
+  for variant in variants:
+    for arm in arms:
+      for seed in seeds:
+        name = key(variant, arm, seed)
+        if name in load()["runs"]:
+          print(f"{name}: recorded, skipped")
+          continue
+        print(f"[{time.strftime('%H:%M:%S')}] {name}", flush=True)
+        record = run_one(variant, arm, seed, args.workdir)
+        result = load()                        # another process may have added runs
+        result["runs"][name] = record
+        save(result)
+        print(f"  seq acc by length {record['seq_acc_by_length']}, state "
+              f"{record['state_acc']:.3f}, value {record['value_acc']:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
