@@ -238,13 +238,15 @@ def table(task: str) -> str:
     return f"(no {task} runs recorded yet)"
   if task == "lm":
     base = runs.get("t2mlr_jacobi", {}).get("train_flops")
-    lines = ["| run | schedule | params | BPB exact | BPB training view | train FLOPs "
-             "(× T2MLR Jacobi) | wall |", "|---|---|---|---|---|---|---|"]
+    lines = ["| run | schedule | params | BPB exact | BPB training view | BPB memory off "
+             "| train FLOPs (× T2MLR Jacobi) | wall |", "|---|---|---|---|---|---|---|---|"]
     for name, r in _ordered(task, runs):
       view = r["bpb_views"].get(r["train_mode"], float("nan"))
       ratio = f" ({r['train_flops'] / base:.2f}×)" if base else ""
-      lines.append(f"| {_name(name, r)} | {r['train_mode']} | {r['params']:,} | {r['bpb_exact']:.3f} | "
-                   f"{view:.3f} | {r['train_flops']:.3g}{ratio} | {r['wall_s'] / 60:.0f} min |")
+      off = r["bpb_views"].get("parallel", float("nan"))
+      lines.append(f"| {_name(name, r)} | {r['train_mode']} | {r['params']:,} | "
+                   f"{r['bpb_exact']:.4f} | {view:.4f} | {off:.4f} | "
+                   f"{r['train_flops']:.3g}{ratio} | {r['wall_s'] / 60:.0f} min |")
     return "\n".join(lines + _footnote(runs))
   lengths = sorted({k for r in runs.values() for k in r["seq_acc_by_length"]}, key=int)
   lines = ["| run | schedule | params | " + " | ".join(lengths) + " | state acc | train FLOPs"
