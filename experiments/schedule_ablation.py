@@ -249,12 +249,16 @@ def table(task: str) -> str:
                    f"{r['train_flops']:.3g}{ratio} | {r['wall_s'] / 60:.0f} min |")
     return "\n".join(lines + _footnote(runs))
   lengths = sorted({k for r in runs.values() for k in r["seq_acc_by_length"]}, key=int)
-  lines = ["| run | schedule | params | " + " | ".join(lengths) + " | state acc | train FLOPs"
-           " | wall |", "|---|---|---|" + "---|" * len(lengths) + "---|---|---|"]
+  values = any("value_acc" in r for r in runs.values())      # the word problem has none
+  lines = ["| run | schedule | params | " + " | ".join(lengths) + " | state acc"
+           + (" | value acc" if values else "") + " | train FLOPs | wall |",
+           "|---|---|---|" + "---|" * (len(lengths) + values) + "---|---|---|"]
   for name, r in _ordered(task, runs):
     accs = " | ".join(f"{r['seq_acc_by_length'].get(k, float('nan')):.2f}" for k in lengths)
     lines.append(f"| {_name(name, r)} | {r['train_mode']} | {r['params']:,} | {accs} | "
-                 f"{r.get('state_acc', float('nan')):.2f} | {r['train_flops']:.3g} | "
+                 f"{r.get('state_acc', float('nan')):.2f} | "
+                 + (f"{r.get('value_acc', float('nan')):.2f} | " if values else "")
+                 + f"{r['train_flops']:.3g} | "
                  f"{r['wall_s'] / 60:.0f} min |")
   return "\n".join(lines + _footnote(runs))
 
