@@ -23,6 +23,20 @@ def git_commit() -> str:
     return "unknown"
 
 
+def apply_overrides(config, overrides: dict, what: str):
+  """Set dotted fields ("model.recurrence.d_forward": 8) of an ml_collections config, as
+  --config.<field>= flags do; a field the config lacks is an error naming `what`."""
+  for key, value in overrides.items():
+    node, *path = key.split(".")
+    node = config[node]
+    for part in path[:-1]:
+      node = node[part]
+    if path[-1] not in node:
+      raise SystemExit(f"{what}: {key} is not a config field")
+    node[path[-1]] = value
+  return config
+
+
 def machine_info() -> dict:
   import jax
   info = {"platform": platform.platform(), "python": platform.python_version(),

@@ -34,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
-from bench_common import git_commit  # noqa: E402
+from bench_common import apply_overrides, git_commit  # noqa: E402
 RESULTS = os.path.join(ROOT, "experiments", "results")
 # The tied embedding is Muon's "embeddings" group (train/optimizer.py); it is the LM head
 # too, so it gets nanochat's unembedding LR (0.004) rather than the embedding's 0.2.
@@ -96,15 +96,7 @@ def arm_config(name: str, steps: int, evals: int, seed: int, data: str):
   config.data.path = data
   config.train.update(num_steps=steps, eval_every=max(1, steps // evals), seed=seed,
                       checkpoint_every=max(1, steps // evals), log_every=25)
-  for key, value in overrides.items():
-    node, *path = key.split(".")
-    node = config[node]
-    for part in path[:-1]:
-      node = node[part]
-    if path[-1] not in node:
-      raise SystemExit(f"arm {name}: {key} is not a config field")
-    node[path[-1]] = value
-  return config
+  return apply_overrides(config, overrides, f"arm {name}")
 
 
 def run_arm(name: str, steps: int, evals: int, seed: int, data: str, workdir: str) -> dict:

@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "configs"))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
-from bench_common import git_commit  # noqa: E402
+from bench_common import apply_overrides, git_commit  # noqa: E402
 RESULTS = os.path.join(ROOT, "experiments", "results")
 
 # task -> (config variant, {run: (config module, lm variant, overrides)})
@@ -78,8 +78,9 @@ ADOPTED = {
 }
 
 
-def build_config(task: str, run: str, steps=None):
-  """The run's experiment config: its config module's own, with the schedule's fields."""
+def build_config(task: str, run: str, steps=None, schedule: bool = True):
+  """The run's experiment config: its config module's own, with the schedule's fields
+  (without them, `schedule=False`: the config's own default job, as `adopt` compares)."""
   variant, runs = TASKS[task]
   module, lm_variant, overrides = runs[run]
   config = importlib.import_module(module).get_config(lm_variant or variant)
@@ -88,12 +89,8 @@ def build_config(task: str, run: str, steps=None):
     t = config.train
     t.num_steps = LM_TOKENS // (t.batch_size * t.seq_len)
     t.update(eval_every=t.num_steps // 4, checkpoint_every=t.num_steps // 4, log_every=25)
-  for key, value in overrides.items():
-    group, *path = key.split(".")
-    node = config[group]
-    for name in path[:-1]:
-      node = node[name]
-    node[path[-1]] = value
+  if schedule:
+    apply_overrides(config, overrides, f"run {run}")
   if steps:
     config.train.num_steps = steps
     config.train.eval_every = config.train.checkpoint_every = steps
@@ -151,17 +148,6 @@ def run_one(task: str, run: str, workroot: str, steps=None) -> dict:
   }
 
 
-def _default_job_config(task: str, run: str):
-  """The config the adopted run trained: its module's own, with no schedule override."""
-  variant, runs = TASKS[task]
-  module, lm_variant, _ = runs[run]
-  config = importlib.import_module(module).get_config(lm_variant or variant)
-  if task == "lm":
-    config.data.path = os.path.join(ROOT, "data", "gutenberg_bpe2048")
-    config.train.num_steps = LM_TOKENS // (config.train.batch_size * config.train.seq_len)
-  return config
-
-
 def adopt(task: str, run: str) -> dict:
   """A run of ADOPTED as this ablation records it, from the experiment that trained it.
 
@@ -174,7 +160,7 @@ def adopt(task: str, run: str) -> dict:
     source = json.load(f)
   for key in keys:
     source = source[key]
-  ours, theirs = build_config(task, run), _default_job_config(task, run)
+  ours, theirs = build_config(task, run), build_config(task, run, schedule=False)
   for group in ("model", "optimizer"):
     if ours[group].to_dict() != theirs[group].to_dict():
       raise SystemExit(f"{run}: the ablation's {group} config differs from {file}'s run")

@@ -46,3 +46,14 @@ def write_sdist(path, files: dict) -> str:
       info.size = len(data)
       tar.addfile(info, io.BytesIO(data))
   return str(path)
+
+
+def load_file(*relpath):
+  """A script of the repository (experiments/, docs/, configs/) imported as a module."""
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), *relpath)
+  spec = importlib.util.spec_from_file_location(os.path.splitext(relpath[-1])[0], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

@@ -1,19 +1,15 @@
 """docs/api.md is generated from the docstrings (docs/gen_api.py) and must match them."""
 
-import importlib.util
 import os
 
 import t2mlr_jax
+from _util import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _gen_api():
-  spec = importlib.util.spec_from_file_location(
-      "gen_api", os.path.join(ROOT, "docs", "gen_api.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_file("docs", "gen_api.py")
 
 
 def test_api_md_is_up_to_date():

@@ -1,22 +1,19 @@
 """experiments/pretrain_lm.py: every arm is a valid config of its variant, results
 accumulate one file per seed, and the table reports mean and range over the seeds."""
 
-import importlib.util
 import json
 import math
 import os
 
 import pytest
 
+from _util import load_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _module():
-  spec = importlib.util.spec_from_file_location(
-      "pretrain_lm", os.path.join(ROOT, "experiments", "pretrain_lm.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_file("experiments", "pretrain_lm.py")
 
 
 def test_every_arm_validates_and_the_lrt_shared_arms_are_the_papers():

@@ -1,21 +1,18 @@
 """experiments/schedule_ablation.py's adoption of already-recorded default jobs: a recorded
 run is taken only when the ablation's config trains exactly what it trained."""
 
-import importlib.util
 import json
 import os
 
 import pytest
 
+from _util import load_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _ablation():
-  spec = importlib.util.spec_from_file_location(
-      "schedule_ablation", os.path.join(ROOT, "experiments", "schedule_ablation.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_file("experiments", "schedule_ablation.py")
 
 
 @pytest.mark.parametrize("task,run", [("retrieval", "t2mlr_jacobi"),
