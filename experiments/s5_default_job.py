@@ -27,16 +27,20 @@ CURVE = ("seq_acc", "state_acc", "value_acc")
 
 
 def machine() -> dict:
-  """The host: platform, CPU model and count (XLA:CPU compiles for the host's vector
-  units, so the CPU decides the last digits of every number)."""
-  cpu = platform.processor()
+  """The host: platform, CPU model, count and vector extensions (XLA:CPU compiles for the
+  host's vector units, so the CPU decides the last digits of every number)."""
+  cpu, flags = platform.processor(), set()
   try:
     with open("/proc/cpuinfo") as f:
-      cpu = next((line.split(":", 1)[1].strip() for line in f
-                  if line.startswith("model name")), cpu)
+      for line in f:
+        if line.startswith("model name") and cpu == platform.processor():
+          cpu = line.split(":", 1)[1].strip()
+        elif line.startswith("flags") and not flags:
+          flags = set(line.split(":", 1)[1].split())
   except OSError:
     pass
-  return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count()}
+  return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
+          "vector_isa": sorted(f for f in flags if f.startswith(("avx", "sse", "fma")))}
 
 
 def _commit() -> str:
