@@ -67,8 +67,8 @@ def run_one(variant: str, arm: str, seed: int, workroot: str) -> dict:
   jax.clear_caches()
   return {
       "variant": variant, "arm": arm, "seed": seed, "params": cfg.num_params(),
-      "arch": cfg.arch, "value_len": config.data.value_len,
-      "train_mode": config_lib.train_mode(config, cfg) if cfg.recurrence else "parallel",
+      "arch": config.model.arch, "value_len": config.data.value_len,
+      "train_mode": config_lib.train_mode(config, cfg),
       "steps": config.train.num_steps,
       **{k: final[k] for k in ("seq_acc", "state_acc", "value_acc", "seq_acc_by_length",
                                "state_acc_by_length", "value_acc_by_length")},
