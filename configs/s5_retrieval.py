@@ -6,6 +6,10 @@ Variants (`--config=configs/s5_retrieval.py:VARIANT`):
   word       the plain word problem on S3 (the CPU length sweep)
   v2, v4     the default job with 2- or 4-character values (the official v is 4): a
              dictionary the fixed state of an LSTM must hold grows with v
+  s4, s4_d16 the default job on the group S4 with a dictionary of all 24 elements, or of
+             16 (the actions used, topped up at random; 16: the longest evaluated N),
+             one-character values: against S3's at most 6 pairs the dictionary an
+             LSTM's state must hold grows by its keys
   tiny       seconds on CPU, for tests
   paper      the official setting (S5, 6 layers, H 384, NoPE, 400k steps,
              train 1-32 / test 1-48 actions) for accelerators
@@ -83,10 +87,20 @@ def get_config(variant: str = ""):
     c.data.value_len = v
     c.model.recurrence.d_forward = 8 * (1 + v) + 1
     c.train.seq_len = -(-((6 + 8) * (1 + v) + 1) // 8) * 8
+  elif variant in GROUP_VARIANTS:
+    # The default job over a larger group with a larger dictionary: N_dict pairs, `|`,
+    # then N steps, (N_dict + N) * 2 + 1 tokens. The mixed Z2 stage is the
+    # default's (Z2 examples keep 2-pair dictionaries, where the lookup forms); the
+    # action span, and so D_f = 17, is the default's.
+    group, n_dict = GROUP_VARIANTS[variant]
+    c = get_config("")
+    c.data.update(group=group, dict_size=n_dict, group_curriculum=f"Z2+{group}:2000")
+    c.train.seq_len = -(-((n_dict + 8) * 2 + 1) // 8) * 8
   else:
     raise ValueError(f"unknown variant {variant!r}: allowed '', 'tiny', 'word', 'paper', "
-                     f"{', '.join(repr(v) for v in VALUE_VARIANTS)}")
+                     f"{', '.join(repr(v) for v in (*VALUE_VARIANTS, *GROUP_VARIANTS))}")
   return c
 
 
 VALUE_VARIANTS = {"v2": 2, "v4": 4}
+GROUP_VARIANTS = {"s4": ("S4", 24), "s4_d16": ("S4", 16)}   # (group, dictionary pairs)

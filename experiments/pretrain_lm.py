@@ -43,6 +43,8 @@ _T2MLR = lambda d_f, d_b: {"model.recurrence.d_forward": d_f, "model.recurrence.
 # name -> (configs/lm_gutenberg.py variant, config overrides)
 ARMS = {
     "transformer": ("transformer", {}),
+    # the transformer under the LRT arm's Muon recipe: whether a gain is the optimizer's
+    "transformer_muon": ("transformer", _MUON),
     "t2mlr": ("t2mlr", {}),                                  # Jacobi 16/4
     "t2mlr_all": ("t2mlr_all", {}),
     "lrt": ("lrt", {}),                                      # layerwise, final state, AdamW
@@ -61,6 +63,7 @@ ARMS = {
     "t2mlr_4_2": ("t2mlr", _T2MLR(4, 2)),
     "t2mlr_4_1": ("t2mlr", _T2MLR(4, 1)),
     "t2mlr_2_1": ("t2mlr", _T2MLR(2, 1)),
+    "t2mlr_4_1_muon": ("t2mlr", {**_T2MLR(4, 1), **_MUON}),    # under LRT's recipe too
     "t2mlr_tol": ("t2mlr", {"model.recurrence.jacobi_tol": 1e-2}),
 }
 DEFAULT_ARMS = ("transformer", "t2mlr", "t2mlr_all", "lrt")
@@ -216,32 +219,82 @@ def _at_flops(curve: list, target: float):
   return None
 
 
+def _optimizer(arm: dict) -> str:
+  return arm.get("optimizer", "adamw")          # records before the Muon arms: AdamW
+
+
+def _bpb_over_seeds(seeds: dict, name: str) -> list:
+  return [r["arms"][name]["final"]["exact"] for r in seeds.values() if name in r["arms"]]
+
+
 def table(out_dir: str = RESULTS) -> str:
-  """Every arm: params, FLOPs (and × the transformer), exact BPB as mean (min–max) over
-  the seeds recorded, and the transformer's BPB at the arm's FLOPs (same seeds)."""
+  """Every arm: params, tokens, FLOPs (and × the transformer), exact BPB as mean (min–max)
+  over the seeds recorded, and the transformer's BPB at the arm's FLOPs (same seeds)."""
   seeds = seeds_recorded(out_dir)
   names = [n for n in list(ARMS) + ["transformer_flops"]
            if any(n in r["arms"] for r in seeds.values())]
-  lines = ["| arm | params | seeds | train TFLOP (spent) | × transformer | BPB exact, mean "
-           "(min–max) | transformer at these FLOPs |", "|---|---|---|---|---|---|---|"]
+  lines = ["| arm | params | seeds | tokens (M) | train TFLOP (spent) | × transformer | "
+           "BPB exact, mean (min–max) | transformer at these FLOPs |",
+           "|---|---|---|---|---|---|---|---|"]
   for name in names:
     runs = {s: r["arms"][name] for s, r in seeds.items() if name in r["arms"]}
-    bpb = [a["final"]["exact"] for a in runs.values()]
+    bpb = _bpb_over_seeds(seeds, name)
     first = next(iter(runs.values()))
-    spent = first.get("flops_spent") or first["flops"]
+    spent = sum(a.get("flops_spent") or a["flops"] for a in runs.values()) / len(runs)
     base = [r["arms"]["transformer"]["flops"] for r in seeds.values()
             if "transformer" in r["arms"]]                  # at the same budget in tokens
     ratio = f"{spent / base[0]:.2f}×" if base else "—"
+    # the AdamW transformer's curve at the arm's FLOPs, for arms under the same optimizer
     matched = [_at_flops(r["arms"]["transformer_flops"]["curve"], a.get("flops_spent")
                          or a["flops"])
                for s, a in runs.items() for r in [seeds[s]]
                if "transformer_flops" in r["arms"] and name not in ("transformer",
-                                                                     "transformer_flops")]
+                                                                     "transformer_flops")
+               and _optimizer(a) == _optimizer(r["arms"]["transformer_flops"])]
     matched = [m for m in matched if m is not None]
     spread = f" ({min(bpb):.4f}–{max(bpb):.4f})" if len(bpb) > 1 else ""
+    tokens = first.get("tokens", first["steps"] * 16 * 256) / 1e6
     lines.append(f"| {name} | {first['params']:,} | {','.join(map(str, sorted(runs)))} | "
-                 f"{spent / 1e12:.1f} | {ratio} | {sum(bpb) / len(bpb):.4f}{spread} | "
+                 f"{tokens:.2f} | {spent / 1e12:.1f} | {ratio} | "
+                 f"{sum(bpb) / len(bpb):.4f}{spread} | "
                  + (f"{sum(matched) / len(matched):.4f}" if matched else "—") + " |")
+  return "\n".join(lines)
+
+
+# (arm, reference): the comparisons the docs make, each at equal tokens
+COMPARISONS = (("t2mlr", "transformer"), ("t2mlr_all", "transformer"), ("lrt", "transformer"),
+               ("t2mlr_8_2", "t2mlr"), ("t2mlr_4_2", "t2mlr"), ("t2mlr_4_1", "t2mlr"),
+               ("t2mlr_2_1", "t2mlr"), ("t2mlr_tol", "t2mlr"), ("t2mlr_4_1", "transformer"),
+               ("transformer_muon", "transformer"), ("lrt_shared", "lrt"),
+               ("lrt_shared_muon", "lrt_shared"), ("lrt_shared_muon", "transformer_muon"),
+               ("lrt_shared_muon", "transformer"))
+
+
+def compare(seeds: dict, arm: str, reference: str) -> dict:
+  """arm − reference in mean exact BPB over the seeds each has, and whether the gap
+  exceeds the spread: the two min–max ranges do not overlap (`None` with one seed each,
+  where there is no range to compare with)."""
+  a, b = _bpb_over_seeds(seeds, arm), _bpb_over_seeds(seeds, reference)
+  gap = sum(a) / len(a) - sum(b) / len(b)
+  if len(a) < 2 and len(b) < 2:
+    beyond = None
+  else:
+    beyond = max(a) < min(b) or max(b) < min(a)
+  return {"gap": gap, "seeds": (len(a), len(b)), "beyond_range": beyond}
+
+
+def comparisons(out_dir: str = RESULTS) -> str:
+  seeds = seeds_recorded(out_dir)
+  lines = ["| arm − reference | seeds | BPB gap | beyond the seed ranges? |",
+           "|---|---|---|---|"]
+  for arm, reference in COMPARISONS:
+    if not (_bpb_over_seeds(seeds, arm) and _bpb_over_seeds(seeds, reference)):
+      continue
+    c = compare(seeds, arm, reference)
+    verdict = {None: "one seed: no range", True: "yes (ranges apart)",
+               False: "no (ranges overlap)"}[c["beyond_range"]]
+    lines.append(f"| {arm} − {reference} | {c['seeds'][0]} / {c['seeds'][1]} | "
+                 f"{c['gap']:+.4f} | {verdict} |")
   return "\n".join(lines)
 
 
@@ -262,6 +315,8 @@ def main():
   args = p.parse_args()
   if args.table:
     print(table(args.out_dir))
+    print()
+    print(comparisons(args.out_dir))
     return
   names = [n for n in args.arms.split(",") if n]
   unknown = [n for n in names if n not in ARMS]

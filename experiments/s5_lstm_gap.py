@@ -7,7 +7,8 @@ budget (the default job's 6000 steps, its curricula and optimizer).
     python experiments/s5_lstm_gap.py --table
 
 A variant is configs/s5_retrieval.py's (`v2`, `v4`: 2- or 4-character dictionary values;
-`` is the default job, v = 1); each arm is its config module's variant
+`s4`, `s4_d16`: the group S4 with 24- or 16-pair dictionaries; `` is the default job, S3
+and v = 1); each arm is its config module's variant
 (s5_retrieval{,_lstm,_transformer,_lrt}.py), nothing else changed. Results accumulate in
 experiments/results/s5_lstm_gap.json, one record per (variant, arm, seed), written after
 every run (a recorded run is skipped; one stopped half-way resumes from its workdir).
@@ -33,7 +34,7 @@ from bench_common import git_commit, machine_info  # noqa: E402
 RESULTS = os.path.join(ROOT, "experiments", "results", "s5_lstm_gap.json")
 ARMS = {"t2mlr": "s5_retrieval", "lstm": "s5_retrieval_lstm",
         "transformer": "s5_retrieval_transformer", "lrt": "s5_retrieval_lrt"}
-VARIANTS = ("", "v2", "v4")
+VARIANTS = ("", "v2", "v4", "s4", "s4_d16")
 SOLVED = 0.9        # sequence accuracy at the training lengths that counts as solved
 
 
@@ -68,6 +69,7 @@ def run_one(variant: str, arm: str, seed: int, workroot: str) -> dict:
   return {
       "variant": variant, "arm": arm, "seed": seed, "params": cfg.num_params(),
       "arch": config.model.arch, "value_len": config.data.value_len,
+      "group": config.data.group, "dict_size": config.data.dict_size,
       "train_mode": config_lib.train_mode(config, cfg),
       "steps": config.train.num_steps,
       **{k: final[k] for k in ("seq_acc", "state_acc", "value_acc", "seq_acc_by_length",
@@ -100,15 +102,20 @@ def table() -> str:
   if not runs:
     return "(no runs recorded yet)"
   lengths = sorted({k for r in runs.values() for k in r["seq_acc_by_length"]}, key=int)
-  lines = ["| v | arm | params | seed | " + " | ".join(f"seq {n}" for n in lengths)
-           + " | state acc | value acc | wall |",
-           "|---|---|---|---|" + "---|" * len(lengths) + "---|---|---|"]
-  order = {a: i for i, a in enumerate(ARMS)}
-  for name, r in sorted(runs.items(), key=lambda kv: (kv[1]["value_len"],
-                                                      order[kv[1]["arm"]], kv[1]["seed"])):
+  lines = ["| variant | group | dictionary | v | arm | params | seed | "
+           + " | ".join(f"seq {n}" for n in lengths) + " | state acc | value acc | wall |",
+           "|---|---|---|---|---|---|---|" + "---|" * len(lengths) + "---|---|---|"]
+  arm_order, variant_order = {a: i for i, a in enumerate(ARMS)}, {
+      v or "v1": i for i, v in enumerate(VARIANTS)}
+  for name, r in sorted(runs.items(), key=lambda kv: (
+      variant_order[kv[1]["variant"] or "v1"], arm_order[kv[1]["arm"]], kv[1]["seed"])):
     accs = " | ".join(f"{r['seq_acc_by_length'].get(n, float('nan')):.2f}" for n in lengths)
-    lines.append(f"| {r['value_len']} | {r['arm']} | {r['params']:,} | {r['seed']} | {accs} | "
-                 f"{r['state_acc']:.2f} | {r['value_acc']:.2f} | {r['wall_s'] / 60:.0f} min |")
+    group = r.get("group", "S3")                  # records before the S4 variants: S3
+    dictionary = r.get("dict_size") or "N (≤ 6)"
+    wall = "—" if r.get("wall_note") else f"{r['wall_s'] / 60:.0f} min"   # not timed
+    lines.append(f"| {r['variant'] or 'v1'} | {group} | {dictionary} | {r['value_len']} | "
+                 f"{r['arm']} | {r['params']:,} | {r['seed']} | {accs} | "
+                 f"{r['state_acc']:.2f} | {r['value_acc']:.2f} | {wall} |")
   return "\n".join(lines)
 
 

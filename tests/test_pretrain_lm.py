@@ -62,8 +62,40 @@ def test_results_accumulate_per_seed_and_the_table_gives_mean_and_range(tmp_path
       ["t2mlr", "transformer", "transformer_flops"]
   rows = {line.split(" | ")[0][2:]: line.split(" | ")
           for line in pl.table(str(tmp_path)).splitlines()[2:]}
-  assert rows["transformer"][2:6] == ["0,1,2", "20.0", "1.00×", "2.2600 (2.2500–2.2700)"]
-  assert rows["t2mlr"][2:6] == ["0,1,2", "80.0", "4.00×", "2.2767 (2.2600–2.3000)"]
+  assert rows["transformer"][2:7] == ["0,1,2", "2.46", "20.0", "1.00×",
+                                      "2.2600 (2.2500–2.2700)"]
+  assert rows["t2mlr"][2:7] == ["0,1,2", "2.46", "80.0", "4.00×", "2.2767 (2.2600–2.3000)"]
   # the transformer's BPB at 8e13 FLOPs, linear in log FLOPs between 1e13 and 1e14
   expected = 2.4 - 0.4 * math.log10(8)
-  assert float(rows["t2mlr"][6].rstrip(" |")) == pytest.approx(expected, abs=1e-4)
+  assert float(rows["t2mlr"][7].rstrip(" |")) == pytest.approx(expected, abs=1e-4)
+  # t2mlr − transformer: +0.0167 in the means, but 2.26–2.30 overlaps 2.25–2.27
+  c = pl.compare(pl.seeds_recorded(str(tmp_path)), "t2mlr", "transformer")
+  assert c["gap"] == pytest.approx(2.2767 - 2.26, abs=1e-4) and c["seeds"] == (3, 3)
+  assert c["beyond_range"] is False
+  assert "| t2mlr − transformer | 3 / 3 | +0.0167 | no (ranges overlap) |" in \
+      pl.comparisons(str(tmp_path))
+
+
+def test_a_gap_beyond_the_seed_ranges_and_a_single_seed_are_said_so():
+  pl = _module()
+  seeds = {s: {"arms": {"a": _arm(1, 1, 2.30 + 0.01 * s), "b": _arm(1, 1, 2.20 + 0.01 * s),
+                        "c": _arm(1, 1, 2.5)}} for s in range(2)}
+  assert pl.compare(seeds, "a", "b")["beyond_range"] is True       # 2.30–2.31 vs 2.20–2.21
+  seeds = {0: seeds[0]}
+  assert pl.compare(seeds, "a", "c") == {"gap": pytest.approx(-0.2), "seeds": (1, 1),
+                                         "beyond_range": None}
+
+
+def test_the_equal_flops_column_reads_the_transformer_of_the_same_optimizer(tmp_path):
+  """transformer_flops is trained with AdamW: a Muon arm gets no reading from its curve."""
+  pl = _module()
+  curve = [{"flops": 1e13, "exact": 2.4}, {"flops": 1e14, "exact": 2.0}]
+  path = pl.results_path(0, str(tmp_path))
+  result = {"seed": 0, "arms": {"transformer": _arm(1000, 2e13, 2.25),
+                                "transformer_flops": _arm(1000, 1e14, 2.0, 3000, curve),
+                                "t2mlr": _arm(990, 4e13, 2.2),
+                                "lrt_shared_muon": {**_arm(990, 4e13, 2.1), "optimizer": "muon"}}}
+  pl.save_results(path, result)
+  rows = {line.split(" | ")[0][2:]: line.split(" | ")
+          for line in pl.table(str(tmp_path)).splitlines()[2:]}
+  assert rows["t2mlr"][7] != "— |" and rows["lrt_shared_muon"][7] == "— |"

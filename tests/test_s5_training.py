@@ -37,7 +37,7 @@ def test_tiny_run_reduces_loss_and_reports_lengths(tmp_path, module):
 
 def test_matched_budgets():
   """The CPU presets compare models of (nearly) the same size."""
-  for variant in ("", "word", *s5_retrieval.VALUE_VARIANTS):
+  for variant in ("", "word", *s5_retrieval.VALUE_VARIANTS, *s5_retrieval.GROUP_VARIANTS):
     ref = model_config(s5_retrieval.get_config(variant)).num_params()
     for module in (s5_retrieval_transformer, s5_retrieval_lstm, s5_retrieval_all_layers):
       n = model_config(module.get_config(variant)).num_params()
@@ -62,6 +62,31 @@ def test_value_variants_fit_their_sequences_and_jacobi_covers_the_span(variant):
                             group=d.group) <= c.model.max_seq_len
   assert c.model.recurrence.d_forward == d.max_actions * (1 + d.value_len) + 1
   assert c.data.value_len == s5_retrieval.VALUE_VARIANTS.get(variant, 1)
+
+
+@pytest.mark.parametrize("variant", list(s5_retrieval.GROUP_VARIANTS))
+def test_group_variants_hold_their_dictionaries(variant):
+  """The S4 variants: every training example (Z2 stage and S4 alike) fits seq_len, every
+  S4 example and every evaluated one holds the variant's dictionary, and D_f still covers
+  the action span (the dictionary is not recurrent)."""
+  from t2mlr_jax.data import s5
+  from t2mlr_jax.train import tasks
+  c = s5_retrieval.get_config(variant)
+  group, n_dict = s5_retrieval.GROUP_VARIANTS[variant]
+  assert (c.data.group, c.data.dict_size, c.data.value_len) == (group, n_dict, 1)
+  task = tasks.get_task(c)
+  source = task.train_source(c, 10 ** 6)
+  late = range(2000 * c.train.batch_size, 2000 * c.train.batch_size + 64)   # after Z2+S4
+  groups = set()
+  for i in [*range(64), *late]:
+    ex, groups = source[i], groups | {source.group_at(i)}
+    assert len(ex["input_ids"]) <= c.train.seq_len
+    if source.group_at(i) == group:          # (n_dict + N) pairs of 2 tokens, then `|`
+      assert len(ex["input_ids"]) == (n_dict + s5.state_positions(ex).sum()) * 2 + 1
+  assert groups == {"Z2", group}
+  for batch in task.eval_batches(c):
+    assert batch["input_ids"].shape[1] <= c.model.max_seq_len
+  assert c.model.recurrence.d_forward == 2 * c.data.max_actions + 1
 
 
 def test_lstm_is_causal():
