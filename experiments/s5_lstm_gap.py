@@ -11,7 +11,8 @@ A variant is configs/s5_retrieval.py's (`v2`, `v4`: 2- or 4-character dictionary
 and v = 1); each arm is its config module's variant
 (s5_retrieval{,_lstm,_transformer,_lrt}.py), nothing else changed. Results accumulate in
 experiments/results/s5_lstm_gap.json, one record per (variant, arm, seed), written after
-every run (a recorded run is skipped; one stopped half-way resumes from its workdir).
+every run (a recorded run is skipped; one stopped half-way resumes from its workdir;
+`--record_stopped` records a stopped run's last evaluation, marked as stopped).
 Evaluated with the exact recurrence on 128 held-out S3 sequences per length.
 """
 
@@ -48,25 +49,37 @@ def key(variant: str, arm: str, seed: int) -> str:
   return f"{variant or 'v1'}/{arm}/seed{seed}"
 
 
+def workdir_of(variant: str, arm: str, seed: int, workroot: str) -> str:
+  return os.path.join(workroot, key(variant, arm, seed).replace("/", "_"))
+
+
 def run_one(variant: str, arm: str, seed: int, workroot: str) -> dict:
+  from t2mlr_jax.train.loop import train
+  config = build_config(variant, arm, seed)
+  workdir = workdir_of(variant, arm, seed, workroot)
+  started = time.time()
+  train(config, workdir, progress=False)
+  return record(variant, arm, seed, workdir, time.time() - started)
+
+
+def record(variant: str, arm: str, seed: int, workdir: str, wall: float,
+           partial: bool = False) -> dict:
+  """The run's record from its workdir's evaluations: the last one is its result. A run
+  stopped before its last step is refused unless `partial` (then marked as stopped)."""
   import jax
 
   from t2mlr_jax.train import config as config_lib
-  from t2mlr_jax.train.loop import train
   from t2mlr_jax.train.metrics import read_metrics
   config = build_config(variant, arm, seed)
-  workdir = os.path.join(workroot, key(variant, arm, seed).replace("/", "_"))
-  started = time.time()
-  train(config, workdir, progress=False)
-  wall = time.time() - started
   evals = read_metrics(workdir, "eval")
-  if not evals or evals[-1]["step"] != config.train.num_steps:
+  done = bool(evals) and evals[-1]["step"] == config.train.num_steps
+  if not evals or (not done and not partial):
     raise SystemExit(f"{key(variant, arm, seed)} stopped before step "
                      f"{config.train.num_steps} (interrupted?): rerun to resume")
   cfg = config_lib.model_config(config)
   final = evals[-1]
   jax.clear_caches()
-  return {
+  result = {
       "variant": variant, "arm": arm, "seed": seed, "params": cfg.num_params(),
       "arch": config.model.arch, "value_len": config.data.value_len,
       "group": config.data.group, "dict_size": config.data.dict_size,
@@ -81,6 +94,10 @@ def run_one(variant: str, arm: str, seed: int, workroot: str) -> dict:
       "command": f"python -m t2mlr_jax.main --config=configs/{ARMS[arm]}.py"
                  + (f":{variant}" if variant else "") + f" --config.train.seed={seed}",
   }
+  if not done:
+    result["stopped_at_eval"] = final["step"]
+    result["wall_note"] = "stopped before its last step; wall time not recorded"
+  return result
 
 
 def load() -> dict:
@@ -113,6 +130,8 @@ def table() -> str:
     group = r.get("group", "S3")                  # records before the S4 variants: S3
     dictionary = r.get("dict_size") or "N (≤ 6)"
     wall = "—" if r.get("wall_note") else f"{r['wall_s'] / 60:.0f} min"   # not timed
+    if "stopped_at_eval" in r:
+      wall = f"stopped: eval at step {r['stopped_at_eval']} of {r['steps']}"
     lines.append(f"| {r['variant'] or 'v1'} | {group} | {dictionary} | {r['value_len']} | "
                  f"{r['arm']} | {r['params']:,} | {r['seed']} | {accs} | "
                  f"{r['state_acc']:.2f} | {r['value_acc']:.2f} | {wall} |")
@@ -127,6 +146,9 @@ def main():
   p.add_argument("--seeds", default="0")
   p.add_argument("--workdir", default=os.path.join(ROOT, "workdirs", "s5_lstm_gap"))
   p.add_argument("--table", action="store_true")
+  p.add_argument("--record_stopped", action="store_true",
+                 help="record runs stopped before their last step from their workdirs' "
+                      "last evaluation (marked as stopped) instead of training them")
   args = p.parse_args()
   if args.table:
     print(table())
@@ -141,16 +163,25 @@ def main():
     for arm in arms:
       for seed in seeds:
         name = key(variant, arm, seed)
-        if name in load()["runs"]:
+        if args.record_stopped:
+          result = load()
+          result["runs"][name] = record(variant, arm, seed,
+                                        workdir_of(variant, arm, seed, args.workdir), 0.0,
+                                        partial=True)
+          save(result)
+          print(f"{name}: recorded from {workdir_of(variant, arm, seed, args.workdir)}")
+          continue
+        done = load()["runs"].get(name)
+        if done and "stopped_at_eval" not in done:         # a stopped run is resumed
           print(f"{name}: recorded, skipped")
           continue
         print(f"[{time.strftime('%H:%M:%S')}] {name}", flush=True)
-        record = run_one(variant, arm, seed, args.workdir)
+        run = run_one(variant, arm, seed, args.workdir)
         result = load()                        # another process may have added runs
-        result["runs"][name] = record
+        result["runs"][name] = run
         save(result)
-        print(f"  seq acc by length {record['seq_acc_by_length']}, state "
-              f"{record['state_acc']:.3f}, value {record['value_acc']:.3f}", flush=True)
+        print(f"  seq acc by length {run['seq_acc_by_length']}, state "
+              f"{run['state_acc']:.3f}, value {run['value_acc']:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,12 @@ def test_every_arm_validates_and_the_lrt_shared_arms_are_the_papers():
   for name in pl.ARMS:
     config = pl.arm_config(name, 600, 4, 0, "d")
     cfg = validate(config)
-    if name.startswith("lrt_shared") and name != "lrt_shared_residual":
+    if name.startswith("lrt_shared") and name != "lrt_shared_muon_residual":
       assert abs(cfg.num_params() / base - 1) < 0.005, name      # matched within 0.5%
       r = cfg.recurrence
       assert r.projection == "shared" and r.residual and r.key and r.value
       assert not r.value_embeds
-      assert r.source_layer == (-1 if name == "lrt_shared_final" else 2)
+      assert r.source_layer == (-1 if name == "lrt_shared_muon_final" else 2)
     if name.startswith("t2mlr_") and name != "t2mlr_all":
       assert train_mode(config, cfg) == "jacobi"
   assert pl.arm_config("t2mlr_4_1", 600, 4, 0, "d").model.recurrence.d_backward == 1

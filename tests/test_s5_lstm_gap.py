@@ -1,0 +1,32 @@
+"""experiments/s5_lstm_gap.py: a run is recorded from its workdir's last evaluation; a
+run stopped early is refused, or recorded marked as stopped when asked, and resumed."""
+
+import json
+
+import pytest
+
+from _util import load_file
+
+
+def _workdir(path, steps):
+  path.mkdir()
+  evals = [{"step": s, "kind": "eval", "seq_acc": 0.0, "state_acc": s / 1e4,
+            "value_acc": 0.1, "seq_acc_by_length": {"4": 0.0},
+            "state_acc_by_length": {"4": s / 1e4}, "value_acc_by_length": {"4": 0.1}}
+           for s in steps]
+  (path / "metrics.jsonl").write_text("\n".join(map(json.dumps, evals)) + "\n")
+  return str(path)
+
+
+def test_a_run_is_recorded_from_its_last_evaluation_and_a_stopped_one_only_when_asked(
+    tmp_path):
+  gap = load_file("experiments", "s5_lstm_gap.py")
+  done = gap.record("s4", "lstm", 0, _workdir(tmp_path / "a", [1000, 6000]), 60.0)
+  assert (done["group"], done["dict_size"], done["value_len"]) == ("S4", 24, 1)
+  assert done["state_acc"] == 0.6 and "stopped_at_eval" not in done
+  assert done["command"].endswith("s5_retrieval_lstm.py:s4 --config.train.seed=0")
+  stopped = _workdir(tmp_path / "b", [1000, 3000])
+  with pytest.raises(SystemExit, match="stopped before step 6000"):
+    gap.record("s4", "t2mlr", 0, stopped, 60.0)
+  marked = gap.record("s4", "t2mlr", 0, stopped, 0.0, partial=True)
+  assert marked["stopped_at_eval"] == 3000 and marked["state_acc"] == 0.3
