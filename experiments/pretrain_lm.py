@@ -261,6 +261,36 @@ def table(out_dir: str = RESULTS) -> str:
   return "\n".join(lines)
 
 
+def jacobi_table(out_dir: str = RESULTS) -> str:
+  """T2MLR middle at each Jacobi setting: sweeps run (mean over steps), FLOPs spent and ×
+  the transformer's, and exact / parallel / Jacobi-view BPB, means over the seeds."""
+  seeds = seeds_recorded(out_dir)
+  base = [r["arms"]["transformer"]["flops"] for r in seeds.values()
+          if "transformer" in r["arms"]]
+  lines = ["| arm | optimizer | D_f / D_b | jacobi_tol | sweeps run | train TFLOP | "
+           "× transformer | seeds | BPB exact (min–max) | parallel | Jacobi view |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for name in ARMS:
+    runs = [r["arms"][name] for r in seeds.values() if name in r["arms"]]
+    if not runs or runs[0]["variant"] != "t2mlr":
+      continue
+    rec = runs[0]["recurrence"]
+    mean = lambda xs: sum(xs) / len(xs)
+    spent = mean([a.get("flops_spent") or a["flops"] for a in runs])
+    sweeps = [a.get("jacobi_sweeps_mean") for a in runs]
+    sweeps = f"{mean(sweeps):.2f}" if None not in sweeps else f"{rec['d_forward']}"
+    exact = [a["final"]["exact"] for a in runs]
+    spread = f" ({min(exact):.4f}–{max(exact):.4f})" if len(exact) > 1 else ""
+    lines.append(
+        f"| {name} | {_optimizer(runs[0])} | {rec['d_forward']} / {rec['d_backward']} | "
+        f"{rec.get('jacobi_tol') or '—'} | "
+        f"{sweeps} | {spent / 1e12:.1f} | "
+        + (f"{spent / base[0]:.2f}×" if base else "—") + f" | {len(runs)} | "
+        f"{mean(exact):.4f}{spread} | {mean([a['final']['parallel'] for a in runs]):.4f} | "
+        f"{mean([a['final']['jacobi'] for a in runs]):.4f} |")
+  return "\n".join(lines)
+
+
 # (arm, reference): the comparisons the docs make, each at equal tokens
 COMPARISONS = (("t2mlr", "transformer"), ("t2mlr_all", "transformer"), ("lrt", "transformer"),
                ("t2mlr_8_2", "t2mlr"), ("t2mlr_4_2", "t2mlr"), ("t2mlr_4_1", "t2mlr"),
@@ -317,6 +347,8 @@ def main():
     print(table(args.out_dir))
     print()
     print(comparisons(args.out_dir))
+    print()
+    print(jacobi_table(args.out_dir))
     return
   names = [n for n in args.arms.split(",") if n]
   unknown = [n for n in names if n not in ARMS]

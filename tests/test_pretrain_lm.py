@@ -99,3 +99,21 @@ def test_the_equal_flops_column_reads_the_transformer_of_the_same_optimizer(tmp_
   rows = {line.split(" | ")[0][2:]: line.split(" | ")
           for line in pl.table(str(tmp_path)).splitlines()[2:]}
   assert rows["t2mlr"][7] != "— |" and rows["lrt_shared_muon"][7] == "— |"
+
+
+def test_the_jacobi_table_gives_each_t2mlr_setting_its_sweeps_and_cost(tmp_path):
+  pl = _module()
+  rec = lambda d_f, d_b, tol=None: {"d_forward": d_f, "d_backward": d_b, "jacobi_tol": tol}
+  arm = lambda d_f, d_b, flops, bpb, sweeps, tol=None: {
+      **_arm(990, flops, bpb), "variant": "t2mlr", "recurrence": rec(d_f, d_b, tol),
+      "jacobi_sweeps_mean": sweeps, "final": {"exact": bpb, "parallel": 2.4, "jacobi": bpb}}
+  for seed, bpb in enumerate((2.27, 2.29)):
+    pl.save_results(pl.results_path(seed, str(tmp_path)), {"seed": seed, "arms": {
+        "transformer": _arm(1000, 2e13, 2.26), "t2mlr_4_1": arm(4, 1, 4e13, bpb, 4.0),
+        "t2mlr_tol": arm(16, 4, 7e13, 2.28, 9.5, 1e-2)}})
+  rows = {line.split(" | ")[0][2:]: line.split(" | ")
+          for line in pl.jacobi_table(str(tmp_path)).splitlines()[2:]}
+  assert rows["t2mlr_4_1"][1:9] == ["adamw", "4 / 1", "—", "4.00", "40.0", "2.00×", "2",
+                                    "2.2800 (2.2700–2.2900)"]
+  assert rows["t2mlr_tol"][3:6] == ["0.01", "9.50", "70.0"]
+  assert "transformer" not in rows
