@@ -321,8 +321,13 @@ def comparisons(out_dir: str = RESULTS) -> str:
     if not (_bpb_over_seeds(seeds, arm) and _bpb_over_seeds(seeds, reference)):
       continue
     c = compare(seeds, arm, reference)
-    verdict = {None: "one seed: no range", True: "yes (ranges apart)",
-               False: "no (ranges overlap)"}[c["beyond_range"]]
+    if c["beyond_range"] is None:
+      verdict = "one seed each: no range"
+    elif min(c["seeds"]) == 1:          # a single run against the other's range
+      verdict = ("yes" if c["beyond_range"] else "no") + " (one seed: " + (
+          "outside" if c["beyond_range"] else "inside") + " the other's range)"
+    else:
+      verdict = "yes (ranges apart)" if c["beyond_range"] else "no (ranges overlap)"
     lines.append(f"| {arm} − {reference} | {c['seeds'][0]} / {c['seeds'][1]} | "
                  f"{c['gap']:+.4f} | {verdict} |")
   return "\n".join(lines)
