@@ -86,7 +86,7 @@ def get_config(variant: str = ""):
     c = get_config("")
     c.data.value_len = v
     c.model.recurrence.d_forward = 8 * (1 + v) + 1
-    c.train.seq_len = -(-((6 + 8) * (1 + v) + 1) // 8) * 8
+    c.train.seq_len = _fitting_seq_len(c)
   elif variant in GROUP_VARIANTS:
     # The default job over a larger group with a larger dictionary: N_dict pairs, `|`,
     # then N steps, (N_dict + N) * 2 + 1 tokens. The mixed Z2 stage is the
@@ -95,11 +95,20 @@ def get_config(variant: str = ""):
     group, n_dict = GROUP_VARIANTS[variant]
     c = get_config("")
     c.data.update(group=group, dict_size=n_dict, group_curriculum=f"Z2+{group}:2000")
-    c.train.seq_len = -(-((n_dict + 8) * 2 + 1) // 8) * 8
+    c.train.seq_len = _fitting_seq_len(c)
   else:
     raise ValueError(f"unknown variant {variant!r}: allowed '', 'tiny', 'word', 'paper', "
                      f"{', '.join(repr(v) for v in (*VALUE_VARIANTS, *GROUP_VARIANTS))}")
   return c
+
+
+def _fitting_seq_len(c) -> int:
+  """The longest training example's length (data.s5.sequence_length), up to a multiple of 8."""
+  from t2mlr_jax.data import s5
+  d = c.data
+  n = s5.sequence_length(d.max_actions, value_len=d.value_len, dict_size=d.dict_size,
+                         group=d.group)
+  return -(-n // 8) * 8
 
 
 VALUE_VARIANTS = {"v2": 2, "v4": 4}

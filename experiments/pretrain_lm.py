@@ -227,6 +227,12 @@ def _bpb_over_seeds(seeds: dict, name: str) -> list:
   return [r["arms"][name]["final"]["exact"] for r in seeds.values() if name in r["arms"]]
 
 
+def _mean_range(xs: list) -> str:
+  """'mean (min–max)', or the one value of a single seed."""
+  spread = f" ({min(xs):.4f}–{max(xs):.4f})" if len(xs) > 1 else ""
+  return f"{sum(xs) / len(xs):.4f}{spread}"
+
+
 def table(out_dir: str = RESULTS) -> str:
   """Every arm: params, tokens, FLOPs (and × the transformer), exact BPB as mean (min–max)
   over the seeds recorded, and the transformer's BPB at the arm's FLOPs (same seeds)."""
@@ -252,11 +258,9 @@ def table(out_dir: str = RESULTS) -> str:
                                                                      "transformer_flops")
                and _optimizer(a) == _optimizer(r["arms"]["transformer_flops"])]
     matched = [m for m in matched if m is not None]
-    spread = f" ({min(bpb):.4f}–{max(bpb):.4f})" if len(bpb) > 1 else ""
-    tokens = first.get("tokens", first["steps"] * 16 * 256) / 1e6
     lines.append(f"| {name} | {first['params']:,} | {','.join(map(str, sorted(runs)))} | "
-                 f"{tokens:.2f} | {spent / 1e12:.1f} | {ratio} | "
-                 f"{sum(bpb) / len(bpb):.4f}{spread} | "
+                 f"{first['tokens'] / 1e6:.2f} | {spent / 1e12:.1f} | {ratio} | "
+                 f"{_mean_range(bpb)} | "
                  + (f"{sum(matched) / len(matched):.4f}" if matched else "—") + " |")
   return "\n".join(lines)
 
@@ -279,14 +283,13 @@ def jacobi_table(out_dir: str = RESULTS) -> str:
     spent = mean([a.get("flops_spent") or a["flops"] for a in runs])
     sweeps = [a.get("jacobi_sweeps_mean") for a in runs]
     sweeps = f"{mean(sweeps):.2f}" if None not in sweeps else f"{rec['d_forward']}"
-    exact = [a["final"]["exact"] for a in runs]
-    spread = f" ({min(exact):.4f}–{max(exact):.4f})" if len(exact) > 1 else ""
     lines.append(
         f"| {name} | {_optimizer(runs[0])} | {rec['d_forward']} / {rec['d_backward']} | "
         f"{rec.get('jacobi_tol') or '—'} | "
         f"{sweeps} | {spent / 1e12:.1f} | "
         + (f"{spent / base[0]:.2f}×" if base else "—") + f" | {len(runs)} | "
-        f"{mean(exact):.4f}{spread} | {mean([a['final']['parallel'] for a in runs]):.4f} | "
+        f"{_mean_range([a['final']['exact'] for a in runs])} | "
+        f"{mean([a['final']['parallel'] for a in runs]):.4f} | "
         f"{mean([a['final']['jacobi'] for a in runs]):.4f} |")
   return "\n".join(lines)
 

@@ -36,7 +36,6 @@ RESULTS = os.path.join(ROOT, "experiments", "results", "s5_lstm_gap.json")
 ARMS = {"t2mlr": "s5_retrieval", "lstm": "s5_retrieval_lstm",
         "transformer": "s5_retrieval_transformer", "lrt": "s5_retrieval_lrt"}
 VARIANTS = ("", "v2", "v4", "s4", "s4_d16")
-SOLVED = 0.9        # sequence accuracy at the training lengths that counts as solved
 
 
 def build_config(variant: str, arm: str, seed: int):

@@ -40,7 +40,8 @@ def test_every_arm_validates_and_the_lrt_shared_arms_are_the_papers():
 
 
 def _arm(params, flops, bpb, steps=600, curve=None):
-  return {"params": params, "steps": steps, "step_flops": flops / steps, "flops": flops,
+  return {"params": params, "steps": steps, "tokens": steps * 16 * 256,
+          "step_flops": flops / steps, "flops": flops,
           "flops_spent": flops, "final": {"exact": bpb}, "variant": "v",
           "curve": curve or [{"flops": flops, "exact": bpb}]}
 
