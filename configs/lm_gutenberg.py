@@ -11,15 +11,21 @@ then `python -m t2mlr_jax.main --config=configs/lm_gutenberg.py:VARIANT --workdi
 Every variant shares one Llama backbone (4 layers, d_model 128, 4 heads, SwiGLU, tied
 embeddings, RoPE) and the data stream; parameter counts agree within 0.1%:
   transformer  no recurrence, d_ff 438 (+14% over 384) to match T2MLR's W_rec and gates
-  t2mlr        T2MLR on the middle block (layers 1-2), Jacobi D_f/D_b = 16/4
+  t2mlr        T2MLR on the middle block (layers 1-2), Jacobi D_f/D_b = 4/1: 1.86x the
+               transformer's training FLOPs; the paper's 16/4 costs 4.48x for exact BPB
+               within the same seed range here (docs/pretraining.md)
   t2mlr_all    T2MLR over every layer (0-3), Jacobi D_f/D_b = 8/4 (half the sweeps: its
                sweeps run the whole stack)
-  lrt          LRT-layerwise, interleaved S = 2, d_ff 352; without LRT's value
-               embeddings (at this size their [L, V, kv] tables would add 90% to the
-               parameters)
-  lrt_shared   LRT the way its paper recommends (LRT-shared): one W_k / W_v pair for
+  lrt          LRT the way its paper recommends (LRT-shared): one W_k / W_v pair for
                every layer, memory read at layer 2 (0-based, upper-middle of 4), the
-               residual and key/value paths, no value embeddings; d_ff 416 (+8%) to match
+               residual and key/value paths, no value embeddings, d_ff 416 (+8%) to
+               match; interleaved S = 2; the release's Muon recipe (nanochat's split:
+               matrices at 0.02; the tied embedding, also the LM head, at the
+               unembedding LR 0.004). It won the pretraining's LRT arms (docs/pretraining.md)
+  lrt_shared   the same model under AdamW, the other variants' optimizer
+  lrt_layerwise  LRT-layerwise (final state as source, a W_k / W_v pair per layer),
+               AdamW, d_ff 352; without LRT's value embeddings (at this size their
+               [L, V, kv] tables would add 90% to the parameters)
   tiny         seconds on CPU for tests: byte-level data with 32-token blocks
 Evaluation: bits per byte on held-out blocks, exact (what decoding sees), parallel
 (recurrence off) and the training view (Jacobi / interleaved).
@@ -27,7 +33,7 @@ Evaluation: bits per byte on held-out blocks, exact (what decoding sees), parall
 
 from t2mlr_jax.train.config import base_config, recurrence_config
 
-VARIANTS = ("transformer", "t2mlr", "t2mlr_all", "lrt", "lrt_shared", "tiny")
+VARIANTS = ("transformer", "t2mlr", "t2mlr_all", "lrt", "lrt_shared", "lrt_layerwise", "tiny")
 BACKBONE = dict(arch="transformer", vocab_size=2048, d_model=128, n_layers=4, n_heads=4,
                 n_kv_heads=4, d_ff=384, max_seq_len=256, tie_embeddings=True,
                 rope_theta=10000.0)
@@ -49,19 +55,21 @@ def get_config(variant: str = "t2mlr"):
     c.model.recurrence.type = "none"
     c.model.d_ff = 438
   elif variant == "t2mlr":
-    c.model.recurrence = recurrence_config("t2mlr", l_start=1, l_end=2, d_forward=16,
-                                           d_backward=4)
+    c.model.recurrence = recurrence_config("t2mlr", l_start=1, l_end=2, d_forward=4,
+                                           d_backward=1)
   elif variant == "t2mlr_all":
     c.model.recurrence = recurrence_config("t2mlr", l_start=0, l_end=3, d_forward=8,
                                            d_backward=4)
-  elif variant == "lrt":
+  elif variant == "lrt_layerwise":
     c.model.recurrence = recurrence_config("lrt", source_layer=-1, passes=2,
                                            value_embeds=False)
     c.model.d_ff = 352
-  elif variant == "lrt_shared":
+  elif variant in ("lrt", "lrt_shared"):
     c.model.recurrence = recurrence_config("lrt", source_layer=2, projection="shared",
                                            passes=2, value_embeds=False)
     c.model.d_ff = 416
+    if variant == "lrt":
+      c.optimizer.update(name="muon", embedding_lr=0.004)   # the head is the embedding
   if variant == "tiny":
     c.model.update(vocab_size=259, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=64,
                    max_seq_len=64)

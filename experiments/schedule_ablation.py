@@ -60,21 +60,22 @@ TASKS = {
     "lm": ("", {
         "t2mlr_jacobi": ("lm_gutenberg", "t2mlr", _JACOBI_16_4),
         "t2mlr_interleaved": ("lm_gutenberg", "t2mlr", _INTERLEAVED_2),
-        "lrt_interleaved": ("lm_gutenberg", "lrt", _INTERLEAVED_2),
-        "lrt_jacobi": ("lm_gutenberg", "lrt", _JACOBI_16_4),
+        "lrt_interleaved": ("lm_gutenberg", "lrt_layerwise", _INTERLEAVED_2),
+        "lrt_jacobi": ("lm_gutenberg", "lrt_layerwise", _JACOBI_16_4),
     }),
 }
 LM_TOKENS = 2_457_600        # experiments/pretrain_lm.py's budget
 
 # Runs whose config (model, schedule, data, steps, batch, seed, optimizer) is a config's own
-# default job, already trained and recorded by another experiment: adopted from its JSON
-# (after checking the configs are equal), not trained again.
+# default job, with the recorded run's overrides (pretrain_lm's t2mlr_16_4 pins the paper's
+# 16/4 over the variant's 4/1), already trained and recorded by another experiment: adopted
+# from its JSON (after checking the configs are equal), not trained again.
 #   task -> {run: (results file, key path to the run)}
 ADOPTED = {
     "retrieval": {"t2mlr_jacobi": ("s5_default_job.json", ("runs", "t2mlr")),
                   "lrt_interleaved": ("s5_default_job.json", ("runs", "lrt"))},
-    "lm": {"t2mlr_jacobi": ("pretrain_lm.json", ("arms", "t2mlr")),
-           "lrt_interleaved": ("pretrain_lm.json", ("arms", "lrt"))},
+    "lm": {"t2mlr_jacobi": ("pretrain_lm.json", ("arms", "t2mlr_16_4")),
+           "lrt_interleaved": ("pretrain_lm.json", ("arms", "lrt_layerwise"))},
 }
 
 
@@ -160,7 +161,10 @@ def adopt(task: str, run: str) -> dict:
     source = json.load(f)
   for key in keys:
     source = source[key]
-  ours, theirs = build_config(task, run), build_config(task, run, schedule=False)
+  # the recorded run: its config's default job with the overrides it was trained under
+  ours = build_config(task, run)
+  theirs = apply_overrides(build_config(task, run, schedule=False),
+                           source.get("overrides", {}), f"{file}'s run")
   for group in ("model", "optimizer"):
     if ours[group].to_dict() != theirs[group].to_dict():
       raise SystemExit(f"{run}: the ablation's {group} config differs from {file}'s run")
@@ -262,7 +266,7 @@ def _footnote(runs: dict) -> list:
   adopted = sorted({r["adopted_from"] for r in runs.values() if "adopted_from" in r})
   if not adopted:
     return []
-  return ["", "\\* the config's own default job, trained once and recorded in "
+  return ["", "\\* trained once by another experiment and recorded in "
           + ", ".join(f"`{a}`" for a in adopted) + " (same model, schedule, data, steps and "
           "seed, checked by `adopt`), not trained again; its wall time is that run's."]
 

@@ -142,7 +142,7 @@ def _check_eval(out, workdir):
 
 
 def _check_lrt(out, workdir):
-  for arm in ("transformer", "lrt"):
+  for arm in ("transformer", "transformer_muon", "lrt"):
     found = re.search(re.escape(arm) + r": first eval BPB = (\S+) \(step \d+\), final BPB = "
                       r"(\S+) \(step (\d+)\)", out)
     assert found, arm

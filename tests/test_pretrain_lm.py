@@ -16,23 +16,29 @@ def _module():
   return load_file("experiments", "pretrain_lm.py")
 
 
-def test_every_arm_validates_and_the_lrt_shared_arms_are_the_papers():
+def test_every_arm_validates_and_the_lrt_arms_are_the_papers():
   from t2mlr_jax.train.config import train_mode, validate
   pl = _module()
   base = validate(pl.arm_config("transformer", 600, 4, 0, "d")).num_params()
   for name in pl.ARMS:
     config = pl.arm_config(name, 600, 4, 0, "d")
     cfg = validate(config)
-    if name.startswith("lrt_shared") and name != "lrt_shared_muon_residual":
+    if name in ("lrt", "lrt_shared", "lrt_lr0.01", "lrt_lr0.04", "lrt_final"):
       assert abs(cfg.num_params() / base - 1) < 0.005, name      # matched within 0.5%
       r = cfg.recurrence
       assert r.projection == "shared" and r.residual and r.key and r.value
       assert not r.value_embeds
-      assert r.source_layer == (-1 if name == "lrt_shared_muon_final" else 2)
+      assert r.source_layer == (-1 if name == "lrt_final" else 2)
+      assert config.optimizer.name == ("adamw" if name == "lrt_shared" else "muon")
     if name.startswith("t2mlr_") and name != "t2mlr_all":
       assert train_mode(config, cfg) == "jacobi"
-  assert pl.arm_config("t2mlr_4_1", 600, 4, 0, "d").model.recurrence.d_backward == 1
-  muon = pl.arm_config("lrt_shared_muon", 600, 4, 0, "d")
+  jacobi = lambda name: (lambda r: (r.d_forward, r.d_backward, r.jacobi_tol))(
+      pl.arm_config(name, 600, 4, 0, "d").model.recurrence)
+  assert jacobi("t2mlr") == (4, 1, None)               # the variant's default since 4/1
+  assert jacobi("t2mlr_16_4") == (16, 4, None)         # the paper's, pinned
+  assert jacobi("t2mlr_tol") == (16, 4, 1e-2)
+  assert not pl.arm_config("lrt_residual", 600, 4, 0, "d").model.recurrence.key
+  muon = pl.arm_config("lrt", 600, 4, 0, "d")
   assert muon.optimizer.name == "muon" and muon.model.tie_embeddings
   assert muon.optimizer.embedding_lr == muon.optimizer.unembedding_lr   # the tied head's
   with pytest.raises(SystemExit, match="unknown arm"):
@@ -95,11 +101,11 @@ def test_the_equal_flops_column_reads_the_transformer_of_the_same_optimizer(tmp_
   result = {"seed": 0, "arms": {"transformer": _arm(1000, 2e13, 2.25),
                                 "transformer_flops": _arm(1000, 1e14, 2.0, 3000, curve),
                                 "t2mlr": _arm(990, 4e13, 2.2),
-                                "lrt_shared_muon": {**_arm(990, 4e13, 2.1), "optimizer": "muon"}}}
+                                "lrt": {**_arm(990, 4e13, 2.1), "optimizer": "muon"}}}
   pl.save_results(path, result)
   rows = {line.split(" | ")[0][2:]: line.split(" | ")
           for line in pl.table(str(tmp_path)).splitlines()[2:]}
-  assert rows["t2mlr"][7] != "— |" and rows["lrt_shared_muon"][7] == "— |"
+  assert rows["t2mlr"][7] != "— |" and rows["lrt"][7] == "— |"
 
 
 def test_the_jacobi_table_gives_each_t2mlr_setting_its_sweeps_and_cost(tmp_path):
@@ -110,11 +116,11 @@ def test_the_jacobi_table_gives_each_t2mlr_setting_its_sweeps_and_cost(tmp_path)
       "jacobi_sweeps_mean": sweeps, "final": {"exact": bpb, "parallel": 2.4, "jacobi": bpb}}
   for seed, bpb in enumerate((2.27, 2.29)):
     pl.save_results(pl.results_path(seed, str(tmp_path)), {"seed": seed, "arms": {
-        "transformer": _arm(1000, 2e13, 2.26), "t2mlr_4_1": arm(4, 1, 4e13, bpb, 4.0),
+        "transformer": _arm(1000, 2e13, 2.26), "t2mlr": arm(4, 1, 4e13, bpb, 4.0),
         "t2mlr_tol": arm(16, 4, 7e13, 2.28, 9.5, 1e-2)}})
   rows = {line.split(" | ")[0][2:]: line.split(" | ")
           for line in pl.jacobi_table(str(tmp_path)).splitlines()[2:]}
-  assert rows["t2mlr_4_1"][1:9] == ["adamw", "4 / 1", "—", "4.00", "40.0", "2.00×", "2",
+  assert rows["t2mlr"][1:9] == ["adamw", "4 / 1", "—", "4.00", "40.0", "2.00×", "2",
                                     "2.2800 (2.2700–2.2900)"]
   assert rows["t2mlr_tol"][3:6] == ["0.01", "9.50", "70.0"]
   assert "transformer" not in rows

@@ -95,7 +95,8 @@ def test_bad_data_configs_name_the_field(data, tmp_path, edit, match):
 
 
 @pytest.mark.parametrize("name,reference,arms", [
-    ("lm_gutenberg", "transformer", ("t2mlr", "t2mlr_all", "lrt", "lrt_shared")),
+    ("lm_gutenberg", "transformer",
+     ("t2mlr", "t2mlr_all", "lrt", "lrt_shared", "lrt_layerwise")),
     ("fineweb_135m", "transformer", ("", "all_layers")),
 ])
 def test_pretraining_arms_are_parameter_matched(name, reference, arms):
