@@ -20,8 +20,9 @@ embeddings, RoPE) and the data stream; parameter counts agree within 0.1%:
                every layer, memory read at layer 2 (0-based, upper-middle of 4), the
                residual and key/value paths, no value embeddings, d_ff 416 (+8%) to
                match; interleaved S = 2; the release's Muon recipe (nanochat's split:
-               matrices at 0.02; the tied embedding, also the LM head, at the
-               unembedding LR 0.004). It won the pretraining's LRT arms (docs/pretraining.md)
+               matrices under Muon at 0.01, the best of 0.01 / 0.02 / 0.04 here; the
+               tied embedding, also the LM head, under Adam at the unembedding LR
+               0.004). It won the pretraining's LRT arms (docs/pretraining.md)
   lrt_shared   the same model under AdamW, the other variants' optimizer
   lrt_layerwise  LRT-layerwise (final state as source, a W_k / W_v pair per layer),
                AdamW, d_ff 352; without LRT's value embeddings (at this size their
@@ -69,7 +70,8 @@ def get_config(variant: str = "t2mlr"):
                                            passes=2, value_embeds=False)
     c.model.d_ff = 416
     if variant == "lrt":
-      c.optimizer.update(name="muon", embedding_lr=0.004)   # the head is the embedding
+      c.optimizer.update(name="muon", matrix_lr=0.01,      # the best of 0.01 / 0.02 / 0.04
+                         embedding_lr=0.004)               # the head is the embedding
   if variant == "tiny":
     c.model.update(vocab_size=259, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=64,
                    max_seq_len=64)

@@ -23,7 +23,7 @@ def test_every_arm_validates_and_the_lrt_arms_are_the_papers():
   for name in pl.ARMS:
     config = pl.arm_config(name, 600, 4, 0, "d")
     cfg = validate(config)
-    if name in ("lrt", "lrt_shared", "lrt_lr0.01", "lrt_lr0.04", "lrt_final"):
+    if name in ("lrt", "lrt_shared", "lrt_lr0.02", "lrt_lr0.04", "lrt_final"):
       assert abs(cfg.num_params() / base - 1) < 0.005, name      # matched within 0.5%
       r = cfg.recurrence
       assert r.projection == "shared" and r.residual and r.key and r.value
@@ -39,6 +39,8 @@ def test_every_arm_validates_and_the_lrt_arms_are_the_papers():
   assert jacobi("t2mlr_tol") == (16, 4, 1e-2)
   assert not pl.arm_config("lrt_residual", 600, 4, 0, "d").model.recurrence.key
   muon = pl.arm_config("lrt", 600, 4, 0, "d")
+  assert muon.optimizer.matrix_lr == 0.01                       # the sweep's winner
+  assert pl.arm_config("lrt_lr0.02", 600, 4, 0, "d").optimizer.matrix_lr == 0.02
   assert muon.optimizer.name == "muon" and muon.model.tie_embeddings
   assert muon.optimizer.embedding_lr == muon.optimizer.unembedding_lr   # the tied head's
   with pytest.raises(SystemExit, match="unknown arm"):
