@@ -68,7 +68,7 @@ ARMS = {
     "t2mlr_8_2": ("t2mlr", _T2MLR(8, 2)),
     "t2mlr_4_2": ("t2mlr", _T2MLR(4, 2)),
     "t2mlr_2_1": ("t2mlr", _T2MLR(2, 1)),
-    "t2mlr_muon": ("t2mlr", _MUON),                          # under LRT's recipe too
+    "t2mlr_muon": ("t2mlr", {**_MUON, "optimizer.matrix_lr": 0.01}),   # LRT's recipe
     "t2mlr_tol": ("t2mlr", {**_T2MLR(16, 4), "model.recurrence.jacobi_tol": 1e-2}),
 }
 DEFAULT_ARMS = ("transformer", "t2mlr", "t2mlr_all", "lrt")
