@@ -34,7 +34,8 @@ Evaluation: bits per byte on held-out blocks, exact (what decoding sees), parall
 
 from t2mlr_jax.train.config import base_config, recurrence_config
 
-VARIANTS = ("transformer", "t2mlr", "t2mlr_all", "lrt", "lrt_shared", "lrt_layerwise", "tiny")
+VARIANTS = ("transformer", "t2mlr", "t2mlr_all", "lrt", "lrt_shared", "lrt_layerwise",
+            "tiny")
 BACKBONE = dict(arch="transformer", vocab_size=2048, d_model=128, n_layers=4, n_heads=4,
                 n_kv_heads=4, d_ff=384, max_seq_len=256, tie_embeddings=True,
                 rope_theta=10000.0)

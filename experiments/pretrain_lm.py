@@ -40,6 +40,7 @@ RESULTS = os.path.join(ROOT, "experiments", "results")
 # The tied embedding is Muon's "embeddings" group (train/optimizer.py); it is the LM head
 # too, so it gets nanochat's unembedding LR (0.004) rather than the embedding's 0.2.
 _MUON = {"optimizer.name": "muon", "optimizer.embedding_lr": 0.004}
+_MUON_LRT = {**_MUON, "optimizer.matrix_lr": 0.01}     # the `lrt` variant's: its sweep's best
 _T2MLR = lambda d_f, d_b: {"model.recurrence.d_forward": d_f, "model.recurrence.d_backward": d_b}
 # name -> (configs/lm_gutenberg.py variant, config overrides)
 ARMS = {
@@ -47,7 +48,7 @@ ARMS = {
     # the transformer under the LRT arm's Muon recipe (at both its matrix LRs): whether a
     # gain is the optimizer's
     "transformer_muon": ("transformer", _MUON),
-    "transformer_muon_lr0.01": ("transformer", {**_MUON, "optimizer.matrix_lr": 0.01}),
+    "transformer_muon_lr0.01": ("transformer", _MUON_LRT),
     # T2MLR middle: the variant's Jacobi 4/1, and the paper's 16/4 (the variant's default
     # until 4/1 matched it over three seeds at 0.41x its FLOPs)
     "t2mlr": ("t2mlr", {}),
@@ -68,7 +69,7 @@ ARMS = {
     "t2mlr_8_2": ("t2mlr", _T2MLR(8, 2)),
     "t2mlr_4_2": ("t2mlr", _T2MLR(4, 2)),
     "t2mlr_2_1": ("t2mlr", _T2MLR(2, 1)),
-    "t2mlr_muon": ("t2mlr", {**_MUON, "optimizer.matrix_lr": 0.01}),   # LRT's recipe
+    "t2mlr_muon": ("t2mlr", _MUON_LRT),
     "t2mlr_tol": ("t2mlr", {**_T2MLR(16, 4), "model.recurrence.jacobi_tol": 1e-2}),
 }
 DEFAULT_ARMS = ("transformer", "t2mlr", "t2mlr_all", "lrt")

@@ -40,6 +40,8 @@ def test_every_arm_validates_and_the_lrt_arms_are_the_papers():
   assert not pl.arm_config("lrt_residual", 600, 4, 0, "d").model.recurrence.key
   muon = pl.arm_config("lrt", 600, 4, 0, "d")
   assert muon.optimizer.matrix_lr == 0.01                       # the sweep's winner
+  same = pl.arm_config("transformer_muon_lr0.01", 600, 4, 0, "d").optimizer
+  assert same.to_dict() == muon.optimizer.to_dict()             # LRT's recipe, exactly
   assert pl.arm_config("lrt_lr0.02", 600, 4, 0, "d").optimizer.matrix_lr == 0.02
   assert muon.optimizer.name == "muon" and muon.model.tie_embeddings
   assert muon.optimizer.embedding_lr == muon.optimizer.unembedding_lr   # the tied head's
