@@ -7,6 +7,7 @@ budget (the default job's 6000 steps, its curricula and optimizer).
     python experiments/s5_lstm_gap.py --table
 
 A variant is configs/s5_retrieval.py's (`v2`, `v4`: 2- or 4-character dictionary values;
+`v2_staged`: v2 after 3000 steps of one-character values;
 `s4`, `s4_d16`: the group S4 with 24- or 16-pair dictionaries; `` is the default job, S3
 and v = 1); each arm is its config module's variant
 (s5_retrieval{,_lstm,_transformer,_lrt}.py), nothing else changed. Results accumulate in
@@ -35,7 +36,7 @@ from bench_common import git_commit, machine_info  # noqa: E402
 RESULTS = os.path.join(ROOT, "experiments", "results", "s5_lstm_gap.json")
 ARMS = {"t2mlr": "s5_retrieval", "lstm": "s5_retrieval_lstm",
         "transformer": "s5_retrieval_transformer", "lrt": "s5_retrieval_lrt"}
-VARIANTS = ("", "v2", "v4", "s4", "s4_d16")
+VARIANTS = ("", "v2", "v4", "v2_staged", "s4", "s4_d16")
 
 
 def build_config(variant: str, arm: str, seed: int):

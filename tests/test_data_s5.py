@@ -478,6 +478,33 @@ def test_source_group_schedule_draws_from_the_stage_group():
   assert later - z2                                                  # S3 actions appear
 
 
+def test_value_curriculum():
+  stages = s5.parse_value_curriculum("1:100, 2:300", 4)
+  assert stages == ((1, 100), (2, 300))
+  f = functools.partial(s5.value_curriculum, stages=stages, value_len=4)
+  assert [f(0), f(99), f(100), f(299), f(300), f(10**6)] == [1, 1, 2, 2, 4, 4]
+  assert s5.parse_value_curriculum("", 2) == ()
+  for bad, match in [("1", "V:STEP"), ("0:10", "1..2"), ("3:10", "1..2"), ("1:x", "V:STEP"),
+                     ("1:10,2:5", "increase")]:
+    with pytest.raises(ValueError, match=match):
+      s5.parse_value_curriculum(bad, 2)
+
+
+def test_source_value_schedule_stages_the_value_length():
+  """Steps before the stage's end draw 1-character values, later ones `value_len`, each
+  example still a pure function of its index and laid out as generate_example lays it."""
+  sched = functools.partial(s5.value_curriculum, stages=((1, 3),), value_len=2)
+  src = s5.S5Source(60, min_actions=2, max_actions=5, value_len=2, group="S3",
+                    examples_per_step=10, value_schedule=sched)
+  assert [src.value_len_at(i) for i in (0, 29, 30, 59)] == [1, 1, 2, 2]
+  for i in range(60):
+    ex, v = src[i], src.value_len_at(i)
+    n = src.num_actions_of(i)
+    assert len(ex["input_ids"]) == s5.sequence_length(n, value_len=v, group="S3")
+    assert s5.value_positions(ex).sum() == n * v
+    assert (ex["input_ids"] == src[i]["input_ids"]).all()
+
+
 def test_a_mixed_stage_draws_each_example_from_one_of_its_groups():
   """"Z2+S3:N": each example of the stage draws its group, half and half, as a pure
   function of (seed, index); every example's actions and dictionary come from that group."""

@@ -37,7 +37,8 @@ def test_tiny_run_reduces_loss_and_reports_lengths(tmp_path, module):
 
 def test_matched_budgets():
   """The CPU presets compare models of (nearly) the same size."""
-  for variant in ("", "word", *s5_retrieval.VALUE_VARIANTS, *s5_retrieval.GROUP_VARIANTS):
+  for variant in ("", "word", *s5_retrieval.VALUE_VARIANTS, "v2_staged",
+                  *s5_retrieval.GROUP_VARIANTS):
     ref = model_config(s5_retrieval.get_config(variant)).num_params()
     for module in (s5_retrieval_transformer, s5_retrieval_lstm, s5_retrieval_all_layers):
       n = model_config(module.get_config(variant)).num_params()
@@ -62,6 +63,23 @@ def test_value_variants_fit_their_sequences_and_jacobi_covers_the_span(variant):
                             group=d.group) <= c.model.max_seq_len
   assert c.model.recurrence.d_forward == d.max_actions * (1 + d.value_len) + 1
   assert c.data.value_len == s5_retrieval.VALUE_VARIANTS.get(variant, 1)
+
+
+def test_v2_staged_is_v2_after_one_character_values():
+  """v2_staged differs from v2 only in its value curriculum: one-character values up to
+  step 3000, then v2's two, in examples that fit v2's seq_len."""
+  from t2mlr_jax.train import config as config_lib
+  from t2mlr_jax.train import tasks
+  staged, v2 = s5_retrieval.get_config("v2_staged"), s5_retrieval.get_config("v2")
+  diff = {k for k, v in config_lib.flatten(staged.to_dict()).items()
+          if config_lib.flatten(v2.to_dict()).get(k) != v}
+  assert diff == {"data.value_curriculum"} and staged.data.value_curriculum == "1:3000"
+  src = tasks._s5_train_source(staged, staged.train.num_steps * staged.train.batch_size,
+                               word_problem=False)
+  b = staged.train.batch_size
+  assert [src.value_len_at(i) for i in (0, 3000 * b - 1, 3000 * b)] == [1, 1, 2]
+  assert max(len(src[i]["input_ids"]) for i in range(3000 * b - 40, 3000 * b + 40)) \
+      <= staged.train.seq_len
 
 
 @pytest.mark.parametrize("variant", list(s5_retrieval.GROUP_VARIANTS))

@@ -330,6 +330,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     (lambda c: c.data.update(curriculum_start=2, curriculum_hold_steps=-1),
      "data.curriculum_hold_steps"),
     (lambda c: c.data.update(group_curriculum="S4:10"), "data.group_curriculum"),
+    (lambda c: c.data.update(value_curriculum="9:10"), "data.value_curriculum"),
     (lambda c: c.train.update(resume_step=0), "train.resume_step"),
     (lambda c: c.model.update(d_model=-1), r"config field model\.d_model=-1 is invalid"),
     (lambda c: c.data.update(group="S7"), r"config field data\.group='S7' is invalid"),

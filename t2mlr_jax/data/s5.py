@@ -452,6 +452,35 @@ def group_curriculum(step: int, stages: Sequence[tuple[str, int]], group: str) -
   return group
 
 
+def parse_value_curriculum(text: str, value_len: int) -> tuple[tuple[int, int], ...]:
+  """Stages "1:3000" or "1:2000,2:4000" (values of 1 character up to step 2000, then 2 up
+  to 4000, then `value_len`). Each stage's length must be 1..value_len and the steps must
+  increase: short values first, as small groups first, let the state and the lookup form
+  before the values grow (docs/experiments.md)."""
+  stages, last = [], -1
+  for part in filter(None, (x.strip() for x in text.split(","))):
+    v, sep, until = part.partition(":")
+    if not (sep and v.strip().isdigit() and until.strip().isdigit()
+            and 1 <= int(v) <= value_len):
+      raise ValueError(f"value curriculum stage {part!r} is invalid: allowed 'V:STEP' with "
+                       f"V an integer 1..{value_len} (data.value_len) and STEP an integer "
+                       f">= 0")
+    if int(until) <= last:
+      raise ValueError(f"value curriculum stage {part!r} is invalid: steps must increase")
+    stages.append((int(v), int(until)))
+    last = int(until)
+  return tuple(stages)
+
+
+def value_curriculum(step: int, stages: Sequence[tuple[int, int]], value_len: int) -> int:
+  """The value length of training step `step`: the first stage (v, until) with
+  step < until, else `value_len`."""
+  for v, until in stages:
+    if step < until:
+      return v
+  return value_len
+
+
 class S5Source:
   """Grain `RandomAccessDataSource` of S5-Retrieval (or word-problem) examples.
 
@@ -466,7 +495,8 @@ class S5Source:
   mapping assumes indices are read in order (no global shuffle), which costs
   nothing here since every index is already an independent random example.
   `group_schedule` (optional) likewise maps the step to the group actions are drawn
-  from (e.g. functools.partial(group_curriculum, stages=..., group=...)).
+  from (e.g. functools.partial(group_curriculum, stages=..., group=...)), and
+  `value_schedule` (optional) the step to the value length (value_curriculum).
   """
 
   def __init__(self, num_examples: int, *, min_actions: int = 1, max_actions: int = 32,
@@ -475,7 +505,8 @@ class S5Source:
                word_problem: bool = False,
                curriculum: Optional[Callable[[int], int]] = None,
                examples_per_step: int = 1,
-               group_schedule: Optional[Callable[[int], str]] = None):
+               group_schedule: Optional[Callable[[int], str]] = None,
+               value_schedule: Optional[Callable[[int], int]] = None):
     _check_positive("num_examples", num_examples)
     _check_positive("min_actions", min_actions)
     _check_positive("max_actions", max_actions)
@@ -506,6 +537,7 @@ class S5Source:
     self.curriculum = curriculum
     self.examples_per_step = int(examples_per_step)
     self.group_schedule = group_schedule
+    self.value_schedule = value_schedule
 
   def __len__(self) -> int:
     return self.num_examples
@@ -533,6 +565,12 @@ class S5Source:
     rng = np.random.default_rng((self.base_seed, int(index), 2))
     return names[int(rng.integers(0, len(names)))]
 
+  def value_len_at(self, index: int) -> int:
+    """The value length of example `index`."""
+    if self.value_schedule is None:
+      return self.value_len
+    return int(self.value_schedule(int(index) // self.examples_per_step))
+
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     n = self.num_actions_of(index)
     seed = (self.base_seed, int(index), 1)
@@ -542,7 +580,7 @@ class S5Source:
     dict_size = self.dict_size
     if dict_size is not None and group != self.group:
       dict_size = min(dict_size, len(_group_index_array(group)))
-    return generate_example(seed, n, value_len=self.value_len, dict_size=dict_size,
+    return generate_example(seed, n, value_len=self.value_len_at(index), dict_size=dict_size,
                             retrieval=self.retrieval, group=group,
                             full_dictionary=self.full_dictionary)
 
@@ -559,7 +597,8 @@ class S5Source:
             f"retrieval={self.retrieval}, group={self.group!r}, "
             f"full_dictionary={self.full_dictionary}, word_problem={self.word_problem}, "
             f"curriculum={self.curriculum!r}, examples_per_step={self.examples_per_step}, "
-            f"group_schedule={self.group_schedule!r})")
+            f"group_schedule={self.group_schedule!r}, "
+            f"value_schedule={self.value_schedule!r})")
 
 
 def pad_batch(examples: Sequence[Mapping[str, Any]], seq_len: int,

@@ -146,6 +146,7 @@ def base_config() -> config_dict.ConfigDict:
       curriculum_steps=0,         # S5: steps to grow to max_actions
       curriculum_hold_steps=0,
       group_curriculum="",        # S5: e.g. "Z2:2000" or "Z2+S3:2000" (group schedule)
+      value_curriculum="",        # S5-Retrieval: e.g. "1:3000" (value-length schedule)
       va_depth=2,                 # variable_assignment: chain depth
       path=config_dict.placeholder(str),              # sft: JSONL or tfds:NAME:SPLIT; lm: dataset
       eval_path=config_dict.placeholder(str),

@@ -73,9 +73,14 @@ def _s5_train_source(config, num_examples, word_problem):
     group_schedule = functools.partial(
         s5.group_curriculum, stages=s5.parse_group_curriculum(d.group_curriculum, d.group),
         group=d.group)
+  value_schedule = None
+  if d.value_curriculum:
+    value_schedule = functools.partial(
+        s5.value_curriculum, stages=s5.parse_value_curriculum(d.value_curriculum, d.value_len),
+        value_len=d.value_len)
   return s5.S5Source(num_examples, min_actions=d.min_actions, max_actions=d.max_actions,
                      base_seed=t.seed, curriculum=curriculum, examples_per_step=t.batch_size,
-                     group_schedule=group_schedule,
+                     group_schedule=group_schedule, value_schedule=value_schedule,
                      word_problem=word_problem, **_s5_kwargs(d, word_problem))
 
 
@@ -297,6 +302,14 @@ def validate_data(config, task: Task) -> None:
         s5.parse_group_curriculum(d.group_curriculum, d.group)
       except ValueError as e:
         _fail("data.group_curriculum", d.group_curriculum, f"stages 'GROUP:STEP,...' ({e})")
+    if d.value_curriculum and task.name != "s5_retrieval":
+      _fail("data.value_curriculum", d.value_curriculum,
+            f"'' for data.task={d.task} (its examples have no values)")
+    if d.value_curriculum:
+      try:
+        s5.parse_value_curriculum(d.value_curriculum, d.value_len)
+      except ValueError as e:
+        _fail("data.value_curriculum", d.value_curriculum, f"stages 'V:STEP,...' ({e})")
   longest = task.max_train_len(config)
   if longest > config.train.seq_len:
     _fail("train.seq_len", config.train.seq_len,
