@@ -314,13 +314,15 @@ COMPARISONS = (("t2mlr", "transformer"), ("t2mlr_16_4", "transformer"),
 
 def compare(seeds: dict, arm: str, reference: str) -> dict:
   """arm − reference in mean exact BPB over the seeds each has, and whether the gap
-  exceeds the spread: the two min–max ranges do not overlap (`None` with one seed each,
-  where there is no range to compare with)."""
+  exceeds the spread: the two min–max ranges do not overlap at the tables' precision (4
+  decimals: a run equal to the other's minimum there is inside it), `None` with one seed
+  each, where there is no range to compare with."""
   a, b = _bpb_over_seeds(seeds, arm), _bpb_over_seeds(seeds, reference)
   gap = sum(a) / len(a) - sum(b) / len(b)
   if len(a) < 2 and len(b) < 2:
     beyond = None
   else:
+    a, b = [round(x, 4) for x in a], [round(x, 4) for x in b]
     beyond = max(a) < min(b) or max(b) < min(a)
   return {"gap": gap, "seeds": (len(a), len(b)), "beyond_range": beyond}
 

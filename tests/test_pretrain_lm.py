@@ -92,6 +92,10 @@ def test_a_gap_beyond_the_seed_ranges_and_a_single_seed_are_said_so():
   seeds = {s: {"arms": {"a": _arm(1, 1, 2.30 + 0.01 * s), "b": _arm(1, 1, 2.20 + 0.01 * s),
                         "c": _arm(1, 1, 2.5)}} for s in range(2)}
   assert pl.compare(seeds, "a", "b")["beyond_range"] is True       # 2.30–2.31 vs 2.20–2.21
+  tie = {s: {"arms": {"a": _arm(1, 1, 2.30 + 0.01 * s), "t": _arm(1, 1, 2.3000000 - 1e-7)}}
+         for s in range(2)}
+  del tie[1]["arms"]["t"]
+  assert pl.compare(tie, "t", "a")["beyond_range"] is False    # 2.3000 at the shown precision
   seeds = {0: seeds[0]}
   assert pl.compare(seeds, "a", "c") == {"gap": pytest.approx(-0.2), "seeds": (1, 1),
                                          "beyond_range": None}
