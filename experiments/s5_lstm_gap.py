@@ -86,7 +86,8 @@ def record(variant: str, arm: str, seed: int, workdir: str, wall: float,
       "train_mode": config_lib.train_mode(config, cfg),
       "steps": config.train.num_steps,
       **{k: final[k] for k in ("seq_acc", "state_acc", "value_acc", "seq_acc_by_length",
-                               "state_acc_by_length", "value_acc_by_length")},
+                               "state_acc_by_length", "value_acc_by_length",
+                               "value_acc_by_slot") if k in final},
       "curve": [{k: r[k] for k in ("step", "seq_acc", "state_acc", "value_acc")}
                 for r in evals],
       "wall_s": round(wall, 1), "commit": git_commit(),
@@ -98,6 +99,24 @@ def record(variant: str, arm: str, seed: int, workdir: str, wall: float,
     result["stopped_at_eval"] = final["step"]
     result["wall_note"] = "stopped before its last step; wall time not recorded"
   return result
+
+
+def add_slots(name: str, run: dict, workroot: str) -> bool:
+  """Adds `value_acc_by_slot` (value accuracy per character, the trainer's evaluation
+  rerun on the run's last checkpoint) to a record made before the metric existed; False
+  when the record has it or its workdir does not hold that checkpoint."""
+  from t2mlr_jax.evaluate import evaluate_checkpoint
+  step = run.get("stopped_at_eval", run["steps"])
+  workdir = workdir_of(run["variant"], run["arm"], run["seed"], workroot)
+  if "value_acc_by_slot" in run or not os.path.isdir(
+      os.path.join(workdir, "checkpoints", str(step))):
+    return False
+  again = evaluate_checkpoint(workdir, step=step)
+  if abs(again["value_acc"] - run["value_acc"]) > 1e-6:
+    raise SystemExit(f"{name}: the rerun evaluation differs from the record (value acc "
+                     f"{again['value_acc']} vs {run['value_acc']}); not added")
+  run["value_acc_by_slot"] = again["value_acc_by_slot"]
+  return True
 
 
 def load() -> dict:
@@ -149,9 +168,19 @@ def main():
   p.add_argument("--record_stopped", action="store_true",
                  help="record runs stopped before their last step from their workdirs' "
                       "last evaluation (marked as stopped) instead of training them")
+  p.add_argument("--slots", action="store_true",
+                 help="add value accuracy per character to recorded runs that lack it, "
+                      "from their workdirs' last checkpoints")
   args = p.parse_args()
   if args.table:
     print(table())
+    return
+  if args.slots:
+    for name in list(load()["runs"]):
+      result = load()
+      if add_slots(name, result["runs"][name], args.workdir):
+        save(result)
+        print(f"{name}: value acc by character {result['runs'][name]['value_acc_by_slot']}")
     return
   variants = ["" if v == "v1" else v for v in args.variants.split(",") if v]
   arms = [a for a in args.arms.split(",") if a]

@@ -27,6 +27,24 @@ def test_state_right_values_wrong_per_length():
   np.testing.assert_allclose(r["token_acc"], 1 - 3 / (batch["target_ids"][:2] >= 0).sum())
 
 
+def test_value_accuracy_per_character_of_the_value():
+  """v = 2: every second character wrong gives slot 1 accuracy 1, slot 2 accuracy 0, and
+  value accuracy 1/2; value_slots numbers each action's slots 1, 2 and nothing else."""
+  examples = [s5.generate_example(i, n, value_len=2, group="S3") for i, n in ((1, 2), (2, 4))]
+  batch = pipeline.stack_batches(examples, seq_len=32, batch_size=2)[0]
+  slots = s5.value_slots(batch)
+  masks = s5.position_masks(batch)
+  assert ((slots > 0) == masks["value"]).all()
+  assert [(slots == k).sum(-1).tolist() for k in (1, 2)] == [[2, 4], [2, 4]]
+  pred = batch["target_ids"].copy()
+  pred[slots == 2] = s5.SPACE_ID
+  m = S5Metrics()
+  m.update(pred, batch)
+  r = m.result()
+  assert r["value_acc_by_slot"] == {"1": 1.0, "2": 0.0} and r["value_acc"] == 0.5
+  assert r["state_acc"] == 1.0
+
+
 def test_perfect_all_wrong_and_accumulated_predictions():
   """Perfect predictions score 1 on every metric and length, predictions wrong at every
   supervised position 0, and the two accumulated over batches exactly 1/2."""

@@ -30,3 +30,19 @@ def test_a_run_is_recorded_from_its_last_evaluation_and_a_stopped_one_only_when_
     gap.record("s4", "t2mlr", 0, stopped, 60.0)
   marked = gap.record("s4", "t2mlr", 0, stopped, 0.0, partial=True)
   assert marked["stopped_at_eval"] == 3000 and marked["state_acc"] == 0.3
+
+
+def test_value_accuracy_per_character_is_added_from_the_last_checkpoint(tmp_path):
+  """A record without value_acc_by_slot gets it by rerunning the trainer's evaluation on
+  the run's last checkpoint (checked against the recorded value accuracy); one that has it
+  is left alone."""
+  from t2mlr_jax.train.loop import train
+  gap = load_file("experiments", "s5_lstm_gap.py")
+  workdir = gap.workdir_of("tiny", "t2mlr", 0, str(tmp_path))
+  train(gap.build_config("tiny", "t2mlr", 0), workdir, progress=False)
+  run = gap.record("tiny", "t2mlr", 0, workdir, 1.0)
+  slots = run.pop("value_acc_by_slot")          # as recorded before the metric existed
+  assert sorted(slots) == ["1", "2", "3", "4"]     # tiny: 4-character values
+  assert gap.add_slots("tiny/t2mlr/seed0", run, str(tmp_path))
+  assert run["value_acc_by_slot"] == pytest.approx(slots)
+  assert not gap.add_slots("tiny/t2mlr/seed0", run, str(tmp_path))

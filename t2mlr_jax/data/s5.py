@@ -367,6 +367,16 @@ def value_positions(example: Mapping[str, np.ndarray]) -> np.ndarray:
   return (cf == 2) & (ids == SPACE_ID)
 
 
+def value_slots(example: Mapping[str, np.ndarray]) -> np.ndarray:
+  """Int array, any shape: k at the k-th value slot after an action (1..v), 0 elsewhere.
+  Splits value accuracy by character: a model can hold the first characters of a
+  dictionary's values and not the rest."""
+  state, value = state_positions(example), value_positions(example)
+  idx = np.broadcast_to(np.arange(state.shape[-1]), state.shape)
+  last_action = np.maximum.accumulate(np.where(state, idx, -1), axis=-1)
+  return np.where(value & (last_action >= 0), idx - last_action, 0)
+
+
 def position_masks(example: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   """Masks for metrics: 'state', 'value', 'answer' (state | value), 'dictionary' (cf 1)."""
   state = state_positions(example)

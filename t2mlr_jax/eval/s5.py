@@ -1,10 +1,13 @@
 """S5 metrics: sequence accuracy (every supervised position right), overall and per
 number of actions, plus state-token and value accuracy separately (overall and per
-number of actions: a model can track the state at a length and still fail retrieval)."""
+number of actions: a model can track the state at a length and still fail retrieval),
+and value accuracy per character of the value (`value_acc_by_slot`)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+
+import numpy as np
 
 from t2mlr_jax.data import s5
 from t2mlr_jax.eval.sequence import SequenceMetrics
@@ -17,6 +20,7 @@ class S5Metrics(SequenceMetrics):
     self.by_length_right = defaultdict(int)
     self.by_length_total = defaultdict(int)
     self.by_length_tokens = defaultdict(float)   # (name, n, "right" | "total") -> count
+    self.by_slot = defaultdict(float)            # (k, "right" | "total") -> count
 
   def update_rows(self, right, supervised, rows, batch) -> None:
     masks = s5.position_masks(batch)
@@ -32,6 +36,11 @@ class S5Metrics(SequenceMetrics):
         n = int(n_actions[b])
         self.by_length_tokens[name, n, "right"] += float((right[b] & m[b]).sum())
         self.by_length_tokens[name, n, "total"] += float(m[b].sum())
+    slots = s5.value_slots(batch)
+    for k in np.unique(slots[rows][slots[rows] > 0]):
+      m = (slots[rows] == k) & supervised[rows]
+      self.by_slot[int(k), "right"] += float((right[rows] & m).sum())
+      self.by_slot[int(k), "total"] += float(m.sum())
 
   def result(self) -> dict:
     out = super().result()
@@ -45,4 +54,8 @@ class S5Metrics(SequenceMetrics):
                for n in sorted(self.by_length_total) if self.by_length_tokens[name, n, "total"]}
       if per_n:
         out[f"{name}_acc_by_length"] = per_n
+    per_slot = {str(k): self.by_slot[k, "right"] / self.by_slot[k, "total"]
+                for k in sorted({k for k, _ in self.by_slot}) if self.by_slot[k, "total"]}
+    if per_slot:
+      out["value_acc_by_slot"] = per_slot
     return out
