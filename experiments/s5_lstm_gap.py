@@ -3,7 +3,8 @@ parameter-matched LSTM, the transformer, LRT) on value-length variants of it, un
 budget (the default job's 6000 steps, its curricula and optimizer).
 
     python experiments/s5_lstm_gap.py --variants=v2,v4 --arms=lstm          # the screen
-    python experiments/s5_lstm_gap.py --variants=v4 --arms=t2mlr,lstm --seeds=0,1
+    python experiments/s5_lstm_gap.py --variants=v2_staged --arms=t2mlr,lstm --seeds=0,1
+    python experiments/s5_lstm_gap.py --variants=v2_staged --arms=transformer,lrt
     python experiments/s5_lstm_gap.py --table
 
 A variant is configs/s5_retrieval.py's (`v2`, `v4`: 2- or 4-character dictionary values;
@@ -139,8 +140,9 @@ def table() -> str:
     return "(no runs recorded yet)"
   lengths = sorted({k for r in runs.values() for k in r["seq_acc_by_length"]}, key=int)
   lines = ["| variant | group | dictionary | v | arm | params | seed | "
-           + " | ".join(f"seq {n}" for n in lengths) + " | state acc | value acc | wall |",
-           "|---|---|---|---|---|---|---|" + "---|" * len(lengths) + "---|---|---|"]
+           + " | ".join(f"seq {n}" for n in lengths) + " | state acc | value acc | "
+           "value acc by character | wall |",
+           "|---|---|---|---|---|---|---|" + "---|" * len(lengths) + "---|---|---|---|"]
   arm_order, variant_order = {a: i for i, a in enumerate(ARMS)}, {
       v or "v1": i for i, v in enumerate(VARIANTS)}
   for name, r in sorted(runs.items(), key=lambda kv: (
@@ -151,9 +153,11 @@ def table() -> str:
     wall = "—" if r.get("wall_note") else f"{r['wall_s'] / 60:.0f} min"   # not timed
     if "stopped_at_eval" in r:
       wall = f"stopped: eval at step {r['stopped_at_eval']} of {r['steps']}"
+    slots = r.get("value_acc_by_slot", {})     # --slots adds it to earlier records
+    by_slot = " / ".join(f"{slots[k]:.2f}" for k in sorted(slots, key=int)) or "—"
     lines.append(f"| {r['variant'] or 'v1'} | {group} | {dictionary} | {r['value_len']} | "
                  f"{r['arm']} | {r['params']:,} | {r['seed']} | {accs} | "
-                 f"{r['state_acc']:.2f} | {r['value_acc']:.2f} | {wall} |")
+                 f"{r['state_acc']:.2f} | {r['value_acc']:.2f} | {by_slot} | {wall} |")
   return "\n".join(lines)
 
 
