@@ -105,8 +105,9 @@ def get_config(variant: str = ""):
     c.data.update(group=group, dict_size=n_dict, group_curriculum=f"Z2+{group}:2000")
     c.train.seq_len = _fitting_seq_len(c)
   else:
+    named = (*VALUE_VARIANTS, "v2_staged", *GROUP_VARIANTS)
     raise ValueError(f"unknown variant {variant!r}: allowed '', 'tiny', 'word', 'paper', "
-                     f"{', '.join(repr(v) for v in (*VALUE_VARIANTS, 'v2_staged', *GROUP_VARIANTS))}")
+                     f"{', '.join(repr(v) for v in named)}")
   return c
 
 

@@ -452,14 +452,16 @@ def parse_group_curriculum(text: str, group: str) -> tuple[tuple[str, int], ...]
   return tuple(stages)
 
 
+def _stage_at(step: int, stages: Sequence[tuple[Any, int]], after: Any) -> Any:
+  """The setting of the first stage (setting, until) with step < until, else `after`."""
+  return next((setting for setting, until in stages if step < until), after)
+
+
 def group_curriculum(step: int, stages: Sequence[tuple[str, int]], group: str) -> str:
   """The group of training step `step`: the first stage (name, until) with step < until,
   else `group` ("Z2+S3" names a mixed stage). Small groups first mean small
   S5-Retrieval dictionaries first, where the lookup circuit forms (docs/experiments.md)."""
-  for name, until in stages:
-    if step < until:
-      return name
-  return group
+  return _stage_at(step, stages, group)
 
 
 def parse_value_curriculum(text: str, value_len: int) -> tuple[tuple[int, int], ...]:
@@ -485,10 +487,7 @@ def parse_value_curriculum(text: str, value_len: int) -> tuple[tuple[int, int], 
 def value_curriculum(step: int, stages: Sequence[tuple[int, int]], value_len: int) -> int:
   """The value length of training step `step`: the first stage (v, until) with
   step < until, else `value_len`."""
-  for v, until in stages:
-    if step < until:
-      return v
-  return value_len
+  return _stage_at(step, stages, value_len)
 
 
 class S5Source:

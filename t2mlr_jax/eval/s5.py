@@ -36,9 +36,9 @@ class S5Metrics(SequenceMetrics):
         n = int(n_actions[b])
         self.by_length_tokens[name, n, "right"] += float((right[b] & m[b]).sum())
         self.by_length_tokens[name, n, "total"] += float(m[b].sum())
-    slots = s5.value_slots(batch)
-    for k in np.unique(slots[rows][slots[rows] > 0]):
-      m = (slots[rows] == k) & supervised[rows]
+    slots = s5.value_slots(batch)[rows]
+    for k in np.unique(slots[slots > 0]):
+      m = (slots == k) & supervised[rows]
       self.by_slot[int(k), "right"] += float((right[rows] & m).sum())
       self.by_slot[int(k), "total"] += float(m.sum())
 

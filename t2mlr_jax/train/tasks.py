@@ -302,10 +302,10 @@ def validate_data(config, task: Task) -> None:
         s5.parse_group_curriculum(d.group_curriculum, d.group)
       except ValueError as e:
         _fail("data.group_curriculum", d.group_curriculum, f"stages 'GROUP:STEP,...' ({e})")
-    if d.value_curriculum and task.name != "s5_retrieval":
-      _fail("data.value_curriculum", d.value_curriculum,
-            f"'' for data.task={d.task} (its examples have no values)")
     if d.value_curriculum:
+      if task.name != "s5_retrieval":
+        _fail("data.value_curriculum", d.value_curriculum,
+              f"'' for data.task={d.task} (its examples have no values)")
       try:
         s5.parse_value_curriculum(d.value_curriculum, d.value_len)
       except ValueError as e:
