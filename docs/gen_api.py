@@ -34,8 +34,11 @@ OUTPUT = os.path.join(ROOT, "docs", "api.md")
 # every public (no leading `_`) function and class defined in the module itself.
 MODULES = (
     ("t2mlr_jax", ("ModelConfig", "T2MLRConfig", "LRTConfig", "RopeScaling", "init_params",
-                   "forward", "loss", "generate", "stream", "MODES"),
+                   "forward", "loss", "generate", "stream", "mode_names", "RecurrenceType",
+                   "register_recurrence", "Schedule", "register_schedule"),
      "the top-level API (`t2mlr_jax.__all__`)"),
+    ("t2mlr_jax.registry", None, "the extension points: recurrence types and schedules, "
+     "`--user_module`"),
     ("t2mlr_jax.checkpoint", None, "training checkpoints, parameter exports, the loader"),
     ("t2mlr_jax.evaluate", None, "evaluating a checkpoint (`python -m t2mlr_jax.evaluate`)"),
     ("t2mlr_jax.chat", None, "chatting in the terminal (`python -m t2mlr_jax.chat`)"),
@@ -236,7 +239,16 @@ def _trailing_comment(comments, first: int, last: int) -> str:
 
 
 def field_comments(cls) -> dict[str, str]:
-  """{field: the `# comment` on its line (or the full-line comments just above it)}."""
+  """{field: the `# comment` on its line (or the full-line comments just above it)}, the
+  fields of its dataclass bases too."""
+  out = {}
+  for base in reversed(cls.__mro__[1:]):
+    if dataclasses.is_dataclass(base):
+      out.update(_own_field_comments(base))
+  return {**out, **_own_field_comments(cls)}
+
+
+def _own_field_comments(cls) -> dict[str, str]:
   source = textwrap.dedent(inspect.getsource(cls))
   comments = _comments(source)
   tree = ast.parse(source)
@@ -390,9 +402,16 @@ class Renderer:
   # -- the experiment config --
 
   def experiment_config(self) -> None:
+    from t2mlr_jax import registry
     from t2mlr_jax.train import config as config_lib
     base = config_lib.base_config()
     order, comments, notes = base_config_comments(config_lib.base_config)
+    # the recurrence group is the default type's config class: its fields and comments
+    rec_cls = registry.default_recurrence().config
+    order["model.recurrence"] = ["type"] + [f.name for f in dataclasses.fields(rec_cls)]
+    comments.update({f"model.recurrence.{k}": v for k, v in field_comments(rec_cls).items()})
+    comments["model.recurrence.type"] = ("a registered recurrence type: "
+                                         + ", ".join(registry.RECURRENCES.names()))
     self.emit("### Experiment config fields\n")
     self.emit("Every field of `base_config()`, by group, with its default (`None`: unset; "
               "the type is what a command-line override must parse as, e.g. "

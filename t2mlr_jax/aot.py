@@ -193,7 +193,7 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
   check_batch(t.batch_size, k, mesh)
   if isinstance(cfg, ModelConfig):
     cfg = kernels.for_devices(cfg, devices)
-  tx, schedule = make_optimizer(config.optimizer, t.num_steps, getattr(cfg, "d_model", None))
+  tx, schedule = make_optimizer(config.optimizer, t.num_steps, cfg)
   state = abstract_state(cfg, tx)
   shardings = state_shardings(cfg, tx, mesh)
   replicated, total = sharding.replicated_bytes(state, shardings)

@@ -17,6 +17,7 @@ straight into the abstract sharded layout the caller provides.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import jax
@@ -24,7 +25,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from ml_collections import config_dict
 
-from t2mlr_jax import paths
+from t2mlr_jax import paths, registry
 
 FORMAT_VERSION = 1
 ITEMS = ("params", "train", "data", "config", "meta")
@@ -70,7 +71,9 @@ class Checkpointer:
     meta = {"format_version": FORMAT_VERSION, "library_version": _library_version(),
             "step": int(step), "model_family": type(model_cfg).__name__,
             "model_config": model_cfg.to_dict(), "data_slots": int(data_slots),
-            "process_count": jax.process_count()}
+            "process_count": jax.process_count(),
+            # the --user_module files this run imported (a type or schedule of its own)
+            "user_modules": list(registry.USER_MODULES)}
     train = {"step": state.step, "opt_state": state.opt_state,
              "nonfinite_step": state.nonfinite_step}
     args = ocp.args.Composite(
@@ -217,6 +220,16 @@ def model_config_from_meta(meta: dict):
   family = meta.get("model_family")
   if family not in families:
     raise ValueError(f"checkpoint meta has model_family={family!r}: allowed {sorted(families)}")
+  needed = meta.get("user_modules") or []
+  for path in needed:           # the run's own types and schedules, where the file still is
+    if os.path.isfile(path):
+      registry.import_user_module(path)
+  rec = (meta["model_config"].get("recurrence") or {}).get("type")
+  if rec is not None and rec not in registry.RECURRENCES:
+    raise ValueError(f"the checkpoint's recurrence type {rec!r} is not registered: allowed "
+                     f"one of {registry.RECURRENCES.names()}; it was trained with "
+                     f"--user_module={','.join(needed) or '(none recorded)'}: pass that file "
+                     "with --user_module (or import it before loading)")
   return families[family](**meta["model_config"])
 
 

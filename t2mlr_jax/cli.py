@@ -8,6 +8,8 @@ import errno
 import sys
 from typing import Callable, Optional, Sequence
 
+from t2mlr_jax import registry
+
 USAGE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, LookupError, OSError)
 
 
@@ -78,14 +80,29 @@ def _parse_flags(argv: Sequence[str]):
     sys.exit(2)
 
 
+def import_user_modules(args: Sequence[str]) -> list[str]:
+  """Import the files a command line names with --user_module (fairseq's --user-dir):
+  each registers its recurrence types and schedules before the config file, which may
+  name them, is read. Returns their paths."""
+  paths = registry.user_modules_in(args)
+  for path in paths:
+    registry.import_user_module(path)
+  return paths
+
+
 def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
   """absl's app.run(main) with usage errors reported as one line (exit 2); --verbose (or
-  T2MLR_VERBOSE=1) keeps the traceback."""
+  T2MLR_VERBOSE=1) keeps the traceback. --user_module=FILE.py[,...] is imported first."""
   from absl import app, flags
   if "verbose" not in flags.FLAGS:
     flags.DEFINE_bool("verbose", False, "show the full traceback of an error")
+  if "user_module" not in flags.FLAGS:
+    flags.DEFINE_string("user_module", None, "comma-separated Python files imported first; "
+                        "they register their own recurrence types and schedules "
+                        "(docs/design.md, docs/examples/)")
   args = list(sys.argv if argv is None else argv)
   try:
+    import_user_modules(args)
     app.run(main, argv=args, flags_parser=_parse_flags)
   except USAGE_ERRORS as e:
     if _verbose(args):

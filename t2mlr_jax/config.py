@@ -4,8 +4,8 @@
 `recurrence` is one of the recurrence types: `T2MLRConfig` (temporal middle-layer
 recurrence, SPEC §2) or `LRTConfig` (latent recurrent transformer, SPEC §4). All are
 hashable so they can be static arguments of `jax.jit`. `invalid` is the one helper
-every config in the library raises its errors through. This module imports nothing
-else of ours.
+every config in the library raises its errors through. Of ours it imports only the
+registry (a leaf), where the recurrence types' config classes are looked up.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import Any, ClassVar, Optional, Union
+
+from t2mlr_jax.registry import default_recurrence, recurrence_config_classes
 
 CACHE_NORMS = ("clipped_rms", "rmsnorm", "none")
 ROPE_SCALING_TYPES = ("llama3",)
@@ -86,14 +88,14 @@ class ScheduleOptions(_Replaceable):
   zero-state one); refine_weights: its loss weight per pass 0..K (K+1 values; empty =
   uniform); refine_detach: stop the gradient through the states between refine passes.
   """
-  d_forward: int = 16
-  d_backward: int = 4
-  jacobi_tol: Optional[float] = None
-  passes: int = 2
-  kv_refresh: bool = False
-  refine_passes: int = 3
-  refine_weights: tuple = ()
-  refine_detach: bool = False
+  d_forward: int = 16           # jacobi: sweeps D_f
+  d_backward: int = 4           # jacobi: the last sweeps, with gradient, D_b
+  jacobi_tol: Optional[float] = None   # jacobi: stop sweeps once max|dR| < tol
+  passes: int = 2               # interleaved / chunked: S passes
+  kv_refresh: bool = False      # interleaved / chunked: the type's K/V refresh (LRT)
+  refine_passes: int = 3        # multi_refine: K passes after pass 0
+  refine_weights: tuple = ()    # multi_refine: loss weight per pass 0..K (empty: uniform)
+  refine_detach: bool = False   # multi_refine: no gradient between passes
 
   def __post_init__(self):
     if isinstance(self.d_forward, bool) or not isinstance(self.d_forward, int) \
@@ -128,13 +130,13 @@ class T2MLRConfig(ScheduleOptions):
   default_schedule: ClassVar[str] = "jacobi"     # train.mode "auto"
   parallel_runs_mixer: ClassVar[bool] = False   # parallel mode: the plain transformer
   replaces_value_embeds: ClassVar[bool] = False
-  l_start: int = 1
-  l_end: int = -2
+  l_start: int = 1             # first layer of the recurrent block (0-based)
+  l_end: int = -2              # last layer of the block (inclusive; negative from the end)
   residual: bool = True        # cache z = o_t + R_t at recurrent positions
   residual_detach: bool = True  # R_t under stop_gradient in that residual
-  cache_norm: str = "clipped_rms"
+  cache_norm: str = "clipped_rms"   # "clipped_rms", "rmsnorm" or "none"
   cache_norm_eps: float = 1e-6
-  cache_norm_clip: float = 5.0
+  cache_norm_clip: float = 5.0      # clipped_rms: clip of the normalised cache
   gate_init: float = 0.5       # sigmoid gates start at this value (bias = logit)
   gate_gain: float = 1.0       # Xavier-normal gain of f_rec/f_cur (1e-2 for retrofit)
 
@@ -271,22 +273,22 @@ class LRTConfig(ScheduleOptions):
     return float(2 * n * per_layer * tokens)
 
 
-RecurrenceConfig = Union[T2MLRConfig, LRTConfig]
-RECURRENCE_CONFIGS = {c.type: c for c in (T2MLRConfig, LRTConfig)}
+RecurrenceConfig = Union[T2MLRConfig, LRTConfig]    # the built-ins; any registered type's config
 
 
 def recurrence_from_dict(d: dict) -> RecurrenceConfig:
   """A recurrence config from its dict; `type` defaults to "t2mlr" (exports written
   before LRT existed carry no tag). An option of another type is named as such."""
   d = dict(d)
-  kind = d.pop("type", T2MLRConfig.type)
-  if kind not in RECURRENCE_CONFIGS:
-    invalid("recurrence.type", kind, f"one of {sorted(RECURRENCE_CONFIGS)}")
-  cls = RECURRENCE_CONFIGS[kind]
+  kind = d.pop("type", None) or default_recurrence().name
+  classes = recurrence_config_classes()
+  if kind not in classes:
+    invalid("recurrence.type", kind, f"one of {sorted(classes)}")
+  cls = classes[kind]
   names = {f.name for f in dataclasses.fields(cls)}
   for key in d:
     if key not in names:
-      owner = [t for t, c in RECURRENCE_CONFIGS.items()
+      owner = [t for t, c in classes.items()
                if t != kind and key in {f.name for f in dataclasses.fields(c)}]
       what = f"a {owner[0]} option" if owner else "not an option of any recurrence type"
       raise ValueError(f"recurrence.{key} is {what}, not one of {kind}'s: allowed fields of "
@@ -432,8 +434,10 @@ class ModelConfig(_Replaceable):
     if isinstance(self.recurrence, dict):
       object.__setattr__(self, "recurrence", recurrence_from_dict(self.recurrence))
     if self.recurrence is not None:
-      if not isinstance(self.recurrence, tuple(RECURRENCE_CONFIGS.values())):
-        invalid("recurrence", self.recurrence, "None, a T2MLRConfig or an LRTConfig")
+      classes = recurrence_config_classes()
+      if not isinstance(self.recurrence, tuple(classes.values())):
+        invalid("recurrence", self.recurrence, "None or the config of a registered "
+                f"recurrence type: {', '.join(c.__name__ for c in classes.values())}")
       self.recurrent_block  # validates the type's layers against the model
 
   def _check_windows(self):
@@ -509,8 +513,8 @@ class ModelConfig(_Replaceable):
       invalid("preset", name, f"one of {sorted(PRESETS)}")
     fields = {**PRESETS[name], **overrides}
     rec = fields.get("recurrence")
-    kind = (RECURRENCE_CONFIGS.get(rec.get("type", T2MLRConfig.type)) if isinstance(rec, dict)
-            else type(rec))
+    kind = (recurrence_config_classes().get(rec.get("type") or default_recurrence().name)
+            if isinstance(rec, dict) else type(rec))
     if getattr(kind, "replaces_value_embeds", False) and "value_embeds" not in overrides:
       fields["value_embeds"] = None    # as the release: LRT's own value embeddings replace them
     return cls(**fields)

@@ -29,7 +29,7 @@ import sys
 from absl import app, flags
 
 from t2mlr_jax import paths
-from t2mlr_jax.model.modes import MODES
+from t2mlr_jax.model.modes import mode_names
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory (its task's eval set)")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
@@ -46,10 +46,12 @@ _MODEL = flags.DEFINE_string("model", None, "Hugging Face directory, parameter e
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "directory with tokenizer.json "
                                  "(default: --model)")
 _OUTPUT = flags.DEFINE_string("output", None, "output file (--workdir) or directory (--task)")
-_MODE = flags.DEFINE_enum("mode", None, list(MODES),
-                          "forward mode (default exact for --workdir; for --task=bpb every "
-                          "view). exact is the true recurrence; a training mode gives its "
-                          "training view")
+_MODE = flags.DEFINE_string("mode", None,
+                            "forward mode (default exact for --workdir; for --task=bpb every "
+                            "view): parallel, exact or a training schedule (jacobi, "
+                            "interleaved, chunked, multi_refine, or one a --user_module "
+                            "registers). exact is the true recurrence; a training mode gives "
+                            "its training view")
 _CHAT = flags.DEFINE_bool("chat", False, "wrap prompts in the tokenizer's chat template")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "generation length limit")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "prompts (or scoring requests) per batch")
@@ -168,6 +170,8 @@ def main(argv):
   del argv
   from t2mlr_jax.train.metrics import quiet_absl_logs
   quiet_absl_logs()
+  if _MODE.value is not None and _MODE.value not in mode_names():
+    raise ValueError(f"--mode={_MODE.value!r} is invalid: allowed one of {mode_names()}")
   if _TASK.value == "bpb":
     if not _DATA.value or not _MODEL.value:
       raise app.UsageError("--task=bpb needs --data and --model")

@@ -8,10 +8,11 @@ skip work). Used by the benchmarks and by the training loop's MFU metric.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence
+from t2mlr_jax.registry import SCHEDULES
 from t2mlr_jax.topologies import GENERATIONS
 
 # Dense peak FLOP/s per device, for MFU (bf16 unless noted): GPUs here, TPUs from the
@@ -52,99 +53,104 @@ def mixer_flops(cfg: ModelConfig, tokens: int, layers: Optional[int] = None) -> 
   return 0.0 if cfg.recurrence is None else cfg.recurrence.mixer_flops(cfg, tokens, layers)
 
 
-def _sweep0_mixer(cfg: ModelConfig, tokens: int, span_layers: int) -> float:
-  """Jacobi's sweep 0 runs the span without the recurrence when the type has the
-  `plain_state` hook (T2MLR), else from zero state, mixer included (LRT)."""
-  if recurrence.of(cfg).plain_state is not None:
-    return 0.0
-  return mixer_flops(cfg, tokens, span_layers)
+class PassCosts(NamedTuple):
+  """FLOPs of the pieces a forward pass of a recurrent model is made of, for one batch:
+  what a schedule's `flops` declaration adds up (`registry.Schedule`)."""
+  head: float            # the LM head over every position
+  lower: float           # the layers below the span (they never see the recurrence)
+  middle: float          # the span's layers, without the recurrence's own matmuls
+  upper: float           # the layers above the span
+  span_mixer: float      # the recurrence's matmuls in a run of the span
+  above_mixer: float     # ... in a pass from the span's first layer to the last layer
+  full_mixer: float      # ... in a pass over every layer
+  sweep0_mixer: float    # ... in Jacobi's sweep 0 (0 when the type's plain_state hook
+                         # runs it without the recurrence: T2MLR)
+
+  @property
+  def full(self) -> float:
+    """Every layer once with the recurrence, and the head (exact mode; pass 0)."""
+    return self.head + self.lower + self.middle + self.upper + self.full_mixer
+
+  @property
+  def refined(self) -> float:
+    """A pass from the span on (the layers below keep pass 0's output), and the head."""
+    return self.head + self.middle + self.upper + self.above_mixer
 
 
-def _segment_layers(cfg: ModelConfig) -> dict:
+def pass_costs(cfg: ModelConfig, batch: int, seq_len: int) -> PassCosts:
+  tokens = batch * seq_len
+  per_layer = layer_flops(cfg, batch, seq_len)
   sizes = {name: hi - lo for name, lo, hi in cfg.segments}
-  return {k: sizes.get(k, 0) for k in ("lower", "middle", "upper", "all")}
+  n = {k: sizes.get(k, 0) for k in ("lower", "middle", "upper")}
+  above = n["middle"] + n["upper"]
+  span_mixer = mixer_flops(cfg, tokens, n["middle"])
+  return PassCosts(
+      head=head_flops(cfg, tokens), lower=n["lower"] * per_layer,
+      middle=n["middle"] * per_layer, upper=n["upper"] * per_layer, span_mixer=span_mixer,
+      above_mixer=mixer_flops(cfg, tokens, above), full_mixer=mixer_flops(cfg, tokens),
+      sweep0_mixer=0.0 if recurrence.of(cfg).plain_state is not None else span_mixer)
+
+
+def _schedule_flops(cfg, batch, seq_len, mode, sweeps, overrides) -> tuple[float, float]:
+  """(forward FLOPs, FLOPs of what carries gradient) of a registered schedule: its own
+  `flops` declaration over this model's pass costs, at the config's options (or those
+  given)."""
+  schedule = SCHEDULES.get(mode)
+  options = {k: getattr(cfg.recurrence, k) for k in schedule.options}
+  options.update({k: v for k, v in overrides.items() if v is not None and k in options})
+  return schedule.flops(pass_costs(cfg, batch, seq_len), options, sweeps)
 
 
 def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "parallel",
                   d_forward: Optional[int] = None, sweeps: Optional[int] = None) -> float:
   """FLOPs of one forward pass in `mode`.
 
-  jacobi: lower once, sweep 0 + (sweeps - 1) span sweeps with the mixer, then
-  the final span + upper pass (SPEC §8); `sweeps` defaults to d_forward.
-  interleaved / chunked: pass 0 over every layer, then the S passes whose queries cover
-  each position once (attending over all T keys) from the span's first layer on.
-  multi_refine: pass 0, then K passes from the span on (`sweeps` overrides K).
-  exact: every layer once plus the mixer (the token-by-token middle block does the
-  same matmuls; its attention is over the causal prefix, counted as full here).
+  parallel: every layer once (LRT's zero-memory pass with its feedback matmuls).
+  exact: every layer once plus the recurrence's matmuls (the token-by-token span does
+  the same matmuls; its attention is over the causal prefix, counted as full here).
+  A training schedule: its own declaration (`registry.Schedule.flops`) over `pass_costs`,
+  e.g. jacobi: lower once, sweep 0 + (sweeps − 1) span sweeps, the final span + upper
+  pass; `sweeps` (the sweeps or passes actually run) defaults to the config's.
   """
   tokens = batch * seq_len
-  per_layer = layer_flops(cfg, batch, seq_len)
-  out = head_flops(cfg, tokens)
+  plain = head_flops(cfg, tokens) + cfg.n_layers * layer_flops(cfg, batch, seq_len)
   if cfg.recurrence is None:
-    return out + cfg.n_layers * per_layer
+    return plain
   if mode == "parallel":      # LRT's zero-memory pass still runs its feedback matmuls
-    mixer = mixer_flops(cfg, tokens) if cfg.recurrence.parallel_runs_mixer else 0.0
-    return out + cfg.n_layers * per_layer + mixer
-  n = _segment_layers(cfg)
-  full = out + cfg.n_layers * per_layer + mixer_flops(cfg, tokens)
+    return plain + (mixer_flops(cfg, tokens) if cfg.recurrence.parallel_runs_mixer else 0.0)
   if mode == "exact":
-    return full
-  # a pass from the span on (the layers below never see the recurrence: they run once)
-  above = n["middle"] + n["upper"]
-  refined = out + above * per_layer + mixer_flops(cfg, tokens, above)
-  if mode in ("interleaved", "chunked"):   # pass 0 + passes covering each position once
-    return full + refined
-  if mode == "multi_refine":
-    return full + (sweeps if sweeps is not None else cfg.recurrence.refine_passes) * refined
-  if mode != "jacobi":
-    raise ValueError(f"mode={mode!r} is invalid: allowed 'parallel', 'exact', 'jacobi', "
-                     "'interleaved', 'chunked', 'multi_refine'")
-  d_f = d_forward or cfg.recurrence.d_forward
-  s = d_f if sweeps is None else sweeps
-  middle = n["middle"] * per_layer
-  span_mixer = mixer_flops(cfg, tokens, n["middle"])
-  return (out + n["lower"] * per_layer + middle                        # lower + sweep 0
-          + _sweep0_mixer(cfg, tokens, n["middle"])
-          + (s - 1) * (middle + span_mixer)                            # span sweeps
-          + middle + n["upper"] * per_layer + mixer_flops(cfg, tokens, above))  # final pass
+    return pass_costs(cfg, batch, seq_len).full
+  return _schedule_flops(cfg, batch, seq_len, mode, sweeps, {"d_forward": d_forward})[0]
 
 
 def train_step_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "parallel",
                      d_forward: Optional[int] = None, d_backward: Optional[int] = None,
                      sweeps: Optional[int] = None) -> float:
-  """Forward + backward (2× the forward FLOPs of what carries gradient; every LRT
-  schedule keeps the gradient of every pass)."""
-  fwd = forward_flops(cfg, batch, seq_len, mode, d_forward, sweeps)
-  if cfg.recurrence is None or mode != "jacobi":
-    return 3 * fwd
-  tokens = batch * seq_len
-  per_layer = layer_flops(cfg, batch, seq_len)
-  n = _segment_layers(cfg)
-  d_f = d_forward or cfg.recurrence.d_forward
-  d_b = d_backward or cfg.recurrence.d_backward
-  grad_sweeps = min(d_b, d_f - 1)
-  above = n["middle"] + n["upper"]
-  middle = n["middle"] * per_layer + mixer_flops(cfg, tokens, n["middle"])
-  sweep0 = n["middle"] * per_layer + _sweep0_mixer(cfg, tokens, n["middle"])
-  with_grad = (head_flops(cfg, tokens) + n["lower"] * per_layer      # lower: once
-               + above * per_layer + mixer_flops(cfg, tokens, above)  # final pass
-               + grad_sweeps * middle
-               + (sweep0 if d_b == d_f else 0.0))                     # sweep 0 if it has grad
-  return fwd + 2 * with_grad
+  """Forward + backward: 2× the forward FLOPs of what carries gradient (a schedule
+  declares which part does: Jacobi's no-gradient sweeps do not)."""
+  if cfg.recurrence is None or mode in ("parallel", "exact"):
+    return 3 * forward_flops(cfg, batch, seq_len, mode)
+  fwd, grad = _schedule_flops(cfg, batch, seq_len, mode, sweeps,
+                              {"d_forward": d_forward, "d_backward": d_backward})
+  return fwd + 2 * grad
 
 
 def train_flops_spent(cfg: ModelConfig, batch: int, seq_len: int, mode: str,
                       train_log: list) -> float:
   """The training FLOPs a run spent, from its train log: each window's steps
-  (`loss_window`) at the step cost of its mean Jacobi sweeps (the forward is linear in
-  the sweeps, so the mean is exact); other schedules cost the same at every step."""
+  (`loss_window`) at the step cost of the sweeps it ran on average, for a schedule that
+  declares a `sweeps_metric` (Jacobi under a tolerance: the forward is linear in the
+  sweeps, so the mean is exact); other schedules cost the same at every step."""
+  metric = None
+  if cfg.recurrence is not None and mode in SCHEDULES:
+    metric = SCHEDULES.get(mode).sweeps_metric
   total = 0.0
   for record in train_log:
     steps = record.get("loss_window")
     if steps is None:
       raise ValueError("train_log: a record without 'loss_window' (written by an older "
                        "train loop?) cannot say how many steps it covers")
-    sweeps = record.get("jacobi_sweeps") if mode == "jacobi" else None
+    sweeps = record.get(metric) if metric else None
     total += steps * train_step_flops(cfg, batch, seq_len, mode, sweeps=sweeps)
   return total
 
@@ -154,7 +160,8 @@ def exact_bptt_bytes(cfg: ModelConfig, batch: int, seq_len: int) -> float:
   step's key/value caches of the recurrent block (and their cotangents), quadratic in
   the sequence length. Matches XLA's compiled temporary memory to ~5% once this term
   dominates (T·B >= 512 at d_model 64); the rest of the step is not counted."""
-  n_block = _segment_layers(cfg)["middle"] if cfg.recurrence is not None else 0
+  n_block = (sum(hi - lo for name, lo, hi in cfg.segments if name == "middle")
+             if cfg.recurrence is not None else 0)
   itemsize = 2 if cfg.dtype in ("bfloat16", "float16") else 4
   return float(2 * 2 * seq_len * seq_len * batch * cfg.n_kv_heads * cfg.head_dim * n_block
                * itemsize)

@@ -55,6 +55,8 @@ import lm_eval.models  # noqa: F401  (lm-eval's own models, registered before ou
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from t2mlr_jax import registry
+
 log = logging.getLogger(__name__)
 
 MODEL_ARGS = ("path", "step", "tokenizer", "batch_size", "mode", "dtype", "max_length",
@@ -188,7 +190,7 @@ class T2MLRLM(TemplateLM):
              dtype=None, max_length=None, prompt_control_flow=2, add_bos=None,
              path="model"):
     from t2mlr_jax.config import ModelConfig
-    from t2mlr_jax.model.modes import MODES
+    from t2mlr_jax.model.modes import BUILTIN_MODES, mode_names
     if not isinstance(cfg, ModelConfig):
       raise ValueError(f"{path!r} holds a {type(cfg).__name__}: lm-eval runs transformers "
                        "(ModelConfig, with or without a recurrence)")
@@ -196,7 +198,7 @@ class T2MLRLM(TemplateLM):
                                                               prompt_control_flow, add_bos)
     self.batch_size_per_device = batch_size
     kind = cfg.recurrence.type if cfg.recurrence is not None else "plain"
-    modes = (("exact", "parallel") + tuple(m for m in MODES if m not in ("exact", "parallel"))
+    modes = (("exact", "parallel") + tuple(m for m in mode_names() if m not in BUILTIN_MODES)
              if cfg.recurrence is not None else ("exact", "parallel"))
     if mode not in modes:
       raise ValueError(f"mode={mode!r} is invalid for this {kind} model: allowed "
@@ -505,10 +507,21 @@ _reduce_jit = _jit(_reduce_impl)
 
 def main(argv=None) -> None:
   """`python -m t2mlr_jax.lm_eval ARGS`: lm-eval's command line (`lm-eval ARGS`) with the
-  `t2mlr_jax` model registered."""
+  `t2mlr_jax` model registered; `--user_module=FILE.py` (ours, taken out before lm-eval
+  reads the rest) is imported first, for a model of a type it registers."""
   from lm_eval.__main__ import cli_evaluate
-  if argv is not None:
-    sys.argv = [sys.argv[0]] + list(argv)
+  args = list(sys.argv[1:] if argv is None else argv)
+  for path in registry.user_modules_in(args):
+    registry.import_user_module(path)
+  rest, skip = [], False
+  for a in args:
+    if skip:
+      skip = False
+    elif a == "--user_module":
+      skip = True
+    elif not a.startswith("--user_module="):
+      rest.append(a)
+  sys.argv = [sys.argv[0]] + rest
   cli_evaluate()
 
 

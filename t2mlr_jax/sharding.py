@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.registry import RECURRENCES
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")   # the batch dimension is split over both
@@ -27,7 +28,8 @@ BATCH_AXES = ("data", "fsdp")   # the batch dimension is split over both
 # its dimensions (576 / 64 and 576 / 4), and the batch over data x fsdp x fsdp_inner.
 FSDP_INNER = "fsdp_inner"
 
-# parameter path (regex on "a/b/c") -> logical axis per dimension
+# parameter path (regex on "a/b/c") -> logical axis per dimension: the backbones' rows; each
+# recurrence type declares its own (`RecurrenceType.partition_rules`), see `param_rules`
 PARAM_RULES: tuple[tuple[str, tuple[Optional[str], ...]], ...] = (
     (r"embed/embedding$", ("vocab", "embed")),
     (r"lm_head/kernel$", ("embed", "vocab")),
@@ -38,16 +40,17 @@ PARAM_RULES: tuple[tuple[str, tuple[Optional[str], ...]], ...] = (
     (r"attn/o/kernel$", ("layers", "q_heads", "embed")),
     (r"mlp/(gate|up)/kernel$", ("layers", "embed", "mlp")),
     (r"mlp/down/kernel$", ("layers", "mlp", "embed")),
-    (r"recurrence/(w_rec|f_rec|f_cur)/kernel$", ("embed", None)),
-    # LRT: per-layer feedback projections and value-embedding tables, the shared pair
-    (r"layers/memory/(w_k|w_v)$", ("layers", "embed", "kv_heads")),
-    (r"layers/memory/ve$", ("layers", "vocab", "embed")),
-    (r"recurrence/(w_k|w_v)$", ("embed", "kv_heads")),
     (r"value_embeds/embedding$", (None, "vocab", "embed")),   # nanochat's tables
     (r"lstm/.*kernel$", ("embed", "mlp")),
 )
 LOGICAL_TO_MESH = {"vocab": "tensor", "embed": "fsdp", "q_heads": "tensor",
                    "kv_heads": "tensor", "mlp": "tensor", "layers": None}
+
+
+def param_rules() -> tuple:
+  """The partition table: the backbones' rows, then every registered recurrence type's
+  (read at each call, so a type registered later is covered)."""
+  return PARAM_RULES + tuple(r for t in RECURRENCES.values() for r in t.partition_rules)
 
 
 def fsdp_factors(fsdp: int, width: Optional[int]) -> tuple[int, int]:
@@ -139,7 +142,7 @@ def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
   stacked layers', which the layer scan slices), replicating only when none does. On a
   mesh with 'fsdp_inner' (make_mesh's factoring), a dimension both divide takes both;
   otherwise 'fsdp' takes one dimension and 'fsdp_inner' another."""
-  for pattern, logical_axes in PARAM_RULES:
+  for pattern, logical_axes in param_rules():
     if re.search(pattern, path) and len(logical_axes) == len(shape):
       axes = []
       for logical, size in zip(logical_axes, shape):

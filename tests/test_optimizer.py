@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from t2mlr_jax import init_params
+from t2mlr_jax.registry import RECURRENCES
 from t2mlr_jax.train.config import base_config
 from t2mlr_jax.train.optimizer import decay_mask, make_optimizer, make_schedule
 from _util import tiny_cfg
@@ -48,6 +49,52 @@ def test_recurrence_lr_multiplier():
   np.testing.assert_allclose(ratio, 100.0, rtol=1e-5)
   np.testing.assert_array_equal(updates[100.0]["layers"]["mlp"]["up"]["kernel"],
                                 updates[1.0]["layers"]["mlp"]["up"]["kernel"])
+
+
+def _every_type_models():
+  """A small model of every registered recurrence type on nanochat's backbone (norms
+  without scales, α / β scalars), and the Llama backbone (scaled norms, biases), each
+  with every parameter nonzero."""
+  out = []
+  for entry in RECURRENCES.values():
+    rec = None if entry.config is None else entry.config()
+    if hasattr(rec, "gate_channels"):
+      rec = rec.replace(gate_channels=8)
+    for backbone in (dict(resid_lambdas=True, x0_lambdas=True, norm_scale=False,
+                          value_embeds=None), dict(qkv_bias=True)):
+      cfg = tiny_cfg(recurrence=rec, **backbone)
+      params = jax.tree.map(lambda p: p + 0.5, init_params(cfg, jax.random.PRNGKey(0)))
+      out.append((entry, cfg, params))
+  return out
+
+
+def _paths_left_alone(tx, params) -> set:
+  """Leaf paths a zero-gradient step of `tx` does not move (weight decay moves the rest)."""
+  zero = jax.tree.map(jnp.zeros_like, params)
+  upd, _ = tx.update(zero, tx.init(params), params)
+  flat = jax.tree_util.tree_flatten_with_path(upd)[0]
+  return {jax.tree_util.keystr(k) for k, u in flat if float(jnp.abs(u).max()) == 0.0}
+
+
+def test_declared_no_decay_leaves_are_exactly_those_adamw_leaves_alone():
+  """Under AdamW with weight decay, a zero-gradient update moves every leaf but the ones
+  the backbone (`transformer.NO_DECAY`) and the model's recurrence type
+  (`RecurrenceType.no_decay`) declare: no gate scalar of any registered type, no norm,
+  bias or nanochat α / β decays (LRT's γ did before its type declared it)."""
+  from t2mlr_jax.model import transformer
+  checked = set()
+  for entry, cfg, params in _every_type_models():
+    declared = set(transformer.NO_DECAY) | set(entry.no_decay)
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    expected = {jax.tree_util.keystr(k) for k, _ in flat
+                if str(getattr(k[-1], "key", k[-1])) in declared}
+    tx, _ = make_optimizer(_opt(lr=1e-2, warmup_frac=0.0, weight_decay=0.5, grad_clip=0.0),
+                           10, cfg)
+    assert _paths_left_alone(tx, params) == expected, entry.name
+    checked |= {str(getattr(k[-1], "key", k[-1])) for k, _ in flat
+                if jax.tree_util.keystr(k) in expected}
+  assert {"gamma_rec", "gamma_cur", "gamma", "resid_lambda", "x0_lambda", "scale",
+          "bias"} <= checked
 
 
 def test_gamma_gets_no_weight_decay():
@@ -96,7 +143,7 @@ def test_muon_orthogonalizes_each_stacked_layer_on_its_own():
   cfg, params = _lrt_nanochat_params()
   oc = _opt(name="muon", warmup_frac=0.0, min_lr_frac=1.0, grad_clip=0.0,
             dmodel_lr_scale=False)
-  tx, schedule = make_optimizer(oc, 10, d_model=cfg.d_model)
+  tx, schedule = make_optimizer(oc, 10, cfg)
   grads = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(p.size), p.shape),
                        params)
   upd, _ = tx.update(grads, tx.init(params), params)
@@ -120,7 +167,7 @@ def test_recurrence_lr_mult_under_muon_scales_every_recurrence_leaf():
   upd = {}
   for mult in (1.0, 10.0):
     tx, _ = make_optimizer(_opt(name="muon", warmup_frac=0.0, grad_clip=0.0,
-                                recurrence_lr_mult=mult), 10, d_model=cfg.d_model)
+                                recurrence_lr_mult=mult), 10, cfg)
     upd[mult], _ = tx.update(grads, tx.init(params), params)
   for path in (("recurrence", "w_k"), ("layers", "memory", "gamma"), ("layers", "memory", "ve")):
     a, b = upd[10.0], upd[1.0]

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.losses import (chunked_cross_entropy, cross_entropy, next_token_labels,
                               supervised)
 from t2mlr_jax.model import lstm
-from t2mlr_jax.model.modes import HIDDEN_MODES, forward, hidden_states
+from t2mlr_jax.model.modes import forward, hidden_modes, hidden_states
 from t2mlr_jax.model.modes import mode_options as resolve_mode_options
-from t2mlr_jax.model.schedules.interleaved import pass_positions
 from t2mlr_jax.model.transformer import head, init_params
+from t2mlr_jax.registry import SCHEDULES
 
 AnyModelConfig = Union[ModelConfig, lstm.LSTMConfig]
 
@@ -46,9 +45,10 @@ def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_m
   not scored). targets [B, T]: position t is scored against targets[t] (label shift 0,
   the release's convention and our S5 data's); any negative target is ignored.
   loss_mask [B, T]: positions whose prediction counts (the others are ignored).
-  modes "interleaved" / "chunked" (LRT): (Σ_p mean CE of pass p over its own positions)
-  / (S+1), each pass's mean over its supervised positions; "multi_refine": Σ_k w_k·CE_k /
-  Σ_k w_k over passes 0..K (refine_weights; uniform when empty); aux adds
+  A schedule whose passes return their own logits weights their losses by its
+  `pass_loss` declaration: "interleaved" / "chunked": (Σ_p mean CE of pass p over its own
+  positions) / (S+1), each pass's mean over its supervised positions; "multi_refine":
+  Σ_k w_k·CE_k / Σ_k w_k over passes 0..K (refine_weights; uniform when empty); aux adds
   per_pass_losses [passes]. Every other mode: the mean CE of the logits over supervised
   positions. aux also holds the forward's aux and `supervised_tokens`. mode_options:
   see `forward` (and refine_weights, multi_refine's loss weights).
@@ -75,9 +75,9 @@ def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_m
            "segment_ids": segment_ids}
   if loss_chunk is not None:
     if not isinstance(cfg, ModelConfig) or (cfg.recurrence is not None
-                                            and mode not in HIDDEN_MODES):
+                                            and mode not in hidden_modes()):
       raise ValueError(f"loss_chunk={loss_chunk} needs a transformer in one of the modes "
-                       f"{HIDDEN_MODES}, not mode={mode!r} of {type(cfg).__name__}")
+                       f"{hidden_modes()}, not mode={mode!r} of {type(cfg).__name__}")
     y, aux = hidden_states(params, cfg, tokens, mode=mode, control_flow=control_flow,
                            positions=positions, segment_ids=segment_ids, **mode_options)
     value, count = chunked_cross_entropy(lambda y_c: head(params, cfg, y_c), y, labels,
@@ -87,8 +87,9 @@ def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_m
   logits, aux = apply_model(params, cfg, batch, mode, **mode_options)
   aux = dict(aux)
   if "pass_logits" in aux:
-    value, aux["per_pass_losses"] = _pass_losses(cfg, mode, aux.pop("pass_logits"), labels,
-                                                 mode_options, token_totals)
+    opts = resolve_mode_options(cfg, mode, labels.shape[1], **mode_options)
+    value, aux["per_pass_losses"] = SCHEDULES.get(mode).pass_loss(
+        aux.pop("pass_logits"), labels, opts, token_totals)
     count = jnp.sum(supervised(labels))
   else:
     value, count = cross_entropy(logits, labels, total=_total(token_totals, 0))
@@ -100,33 +101,18 @@ def _total(totals, i):
   return None if totals is None else totals[i]
 
 
-def _pass_losses(cfg, mode, pass_logits, labels, given, totals=None):
-  """(loss, per-pass losses) of an LRT training schedule's passes (see `loss`)."""
-  opts = resolve_mode_options(cfg, mode, labels.shape[1], **given)
-  if mode == "multi_refine":
-    per_pass = jax.vmap(lambda lg: cross_entropy(lg, labels, total=_total(totals, 0))[0])(
-        pass_logits)
-    w = jnp.asarray(opts["refine_weights"] or (1.0,) * per_pass.shape[0], jnp.float32)
-    return jnp.sum(w * per_pass) / jnp.sum(w), per_pass
-  sets = pass_positions(labels.shape[1], opts["passes"], mode)
-  losses = [cross_entropy(pass_logits[0], labels, total=_total(totals, 0))[0]]
-  losses += [cross_entropy(lg, labels[:, P], total=_total(totals, i + 1))[0]
-             for i, (lg, P) in enumerate(zip(pass_logits[1:], sets))]
-  per_pass = jnp.stack(losses)
-  return jnp.mean(per_pass), per_pass
-
-
 def loss_token_totals(cfg: AnyModelConfig, mode: str, labels_BT, **mode_options):
   """The supervised-token counts `loss` divides by, from the labels alone (the library's
-  rule: negative = not supervised): [S+1] for LRT's interleaved / chunked passes (pass 0
-  over every position, pass p over its own positions), else [1]."""
+  rule: negative = not supervised): a schedule's `token_totals` declaration (LRT's
+  interleaved / chunked passes: [S+1], pass 0 over every position, pass p over its own
+  positions), else [1]."""
   labels_BT = jnp.asarray(labels_BT)
-  total = jnp.sum(supervised(labels_BT))
-  if mode not in ("interleaved", "chunked") or not isinstance(cfg, ModelConfig):
-    return total[None]
+  schedule = SCHEDULES.get(mode) if mode in SCHEDULES else None
+  if (schedule is None or schedule.token_totals is None or not isinstance(cfg, ModelConfig)
+      or cfg.recurrence is None):
+    return jnp.sum(supervised(labels_BT))[None]
   opts = resolve_mode_options(cfg, mode, labels_BT.shape[1], **mode_options)
-  sets = pass_positions(labels_BT.shape[1], opts["passes"], mode)
-  return jnp.stack([total] + [jnp.sum(supervised(labels_BT[:, P])) for P in sets])
+  return schedule.token_totals(labels_BT, opts)
 
 
 def num_params(cfg: AnyModelConfig) -> int:

@@ -31,24 +31,25 @@ from t2mlr_jax.model.sequence import (ModeOut, SeqInputs, context, logits,
                                       side_inputs, stacked)
 from t2mlr_jax.model.transformer import LayerCtx, embed, value_embed_inputs
 
-MODES = ("parallel", "exact", *SCHEDULES)
-# The options of each training schedule (forward/loss keyword arguments; config defaults).
-MODE_OPTIONS = {name: s.options for name, s in SCHEDULES.items()}
+BUILTIN_MODES = ("parallel", "exact")      # every other mode is a registered schedule
 
-__all__ = ["MODES", "MODE_OPTIONS", "HIDDEN_MODES", "ModeOut", "SeqInputs",
-           "check_tokens", "exact", "forward", "hidden_states", "mode_options", "parallel",
+__all__ = ["BUILTIN_MODES", "ModeOut", "SeqInputs", "check_tokens", "exact", "forward",
+           "hidden_modes", "hidden_states", "mode_names", "mode_options", "parallel",
            "positions_from_segments", "seq_inputs"]
 
 
+def mode_names() -> tuple[str, ...]:
+  """Every mode `forward` takes now: parallel, exact and each registered schedule (read
+  at each call: a schedule registered later is included)."""
+  return (*BUILTIN_MODES, *SCHEDULES.names())
+
+
+def hidden_modes() -> tuple[str, ...]:
+  """The modes that can return hidden states instead of logits (a chunked loss)."""
+  return (*BUILTIN_MODES, *(s.name for s in SCHEDULES.values() if s.hidden))
+
+
 # ---------------------------------------------------------------------- parallel
-
-
-def _logits(params, cfg: ModelConfig, y_BTD, last_only: bool, hidden: bool = False):
-  """The LM head over every position, or only the last (prefill: [B, 1, V]); with
-  `hidden`, the last layer's output itself (a chunked loss applies the head piecewise)."""
-  if hidden:
-    return y_BTD
-  return head(params, cfg, y_BTD[:, -1:] if last_only else y_BTD)
 
 
 def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False,
@@ -226,44 +227,29 @@ def _check_segment_starts(positions, segment_ids):
                      "or pass positions=None to derive them from segment_ids)")
 
 
-HIDDEN_MODES = ("parallel", "exact", *(n for n, s in SCHEDULES.items() if s.hidden))
-"""The modes that can return hidden states instead of logits (a chunked loss)."""
-
-
 @functools.partial(jax.jit, static_argnames=("cfg", "mode", "options", "hidden"))
 def _forward(params, cfg, tokens, inp, mode, options, hidden=False):
   if cfg.recurrence is None or mode == "parallel":
     out = parallel(params, cfg, tokens, inp, hidden=hidden)
   elif mode == "exact":
     out = exact(params, cfg, tokens, inp, hidden=hidden)
-  elif hidden and not SCHEDULES[mode].hidden:
+  elif hidden and not SCHEDULES.get(mode).hidden:
     raise ValueError(f"mode={mode!r} computes its passes' logits itself: hidden states "
-                     f"(a chunked loss) are available in {HIDDEN_MODES}")
+                     f"(a chunked loss) are available in {hidden_modes()}")
   else:
-    out = SCHEDULES[mode].run(params, cfg, tokens, inp, dict(options), hidden)
+    out = SCHEDULES.get(mode).run(params, cfg, tokens, inp, dict(options), hidden)
   return out.logits, out.aux
-
-
-def _check_depths(rcfg, given: dict) -> dict:
-  """Jacobi's depths given per call: each checked on its own, D_b clamped to D_f
-  (whichever side gave it)."""
-  d_f = given.get("d_forward", rcfg.d_forward)
-  d_b = given.get("d_backward", rcfg.d_backward)
-  for name, v in (("d_forward", d_f), ("d_backward", d_b)):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-      raise ValueError(f"{name}={v!r} is invalid: allowed an integer >= 1")
-  return {**given, "d_forward": int(d_f), "d_backward": int(min(d_b, d_f))}
 
 
 def mode_options(cfg: ModelConfig, mode: str, T: int, **given) -> dict:
   """Validate `mode` and resolve its options against the config's recurrence (explicit
-  arguments win): {option: value} of MODE_OPTIONS[mode] ({} for parallel and exact).
+  arguments win): {option: value} of the schedule's options ({} for parallel and exact).
   Every schedule runs every recurrence type; an option a type cannot honour (kv_refresh
   without the type's `refresh_kv` hook) is refused."""
   rcfg = cfg.recurrence
   # read from the registry at each call: a schedule registered after import is known too
-  modes = ("parallel", "exact", *SCHEDULES)
-  per_mode = {name: s.options for name, s in SCHEDULES.items()}
+  modes = mode_names()
+  per_mode = {s.name: s.options for s in SCHEDULES.values()}
   every = tuple(dict.fromkeys(o for opts in per_mode.values() for o in opts))
   if mode not in modes:
     raise ValueError(f"mode={mode!r} is invalid: allowed one of {modes} "
@@ -279,8 +265,9 @@ def mode_options(cfg: ModelConfig, mode: str, T: int, **given) -> dict:
   other = sorted(set(given) - set(names))
   if other:
     raise ValueError(f"{other[0]} is not an option of mode={mode!r}: allowed {names}")
-  if mode == "jacobi" and ("d_forward" in given or "d_backward" in given):
-    given = _check_depths(rcfg, given)
+  check = SCHEDULES.get(mode).check_options
+  if check is not None:
+    given = check(rcfg, given)
   r = rcfg.replace(**given)
   opts = {k: getattr(r, k) for k in names}
   if "passes" in opts and opts["passes"] > T:
@@ -329,7 +316,7 @@ def hidden_states(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=N
                   positions=None, segment_ids=None, **mode_opts):
   """(y [B, T, D], aux): `forward` without the final norm and LM head (`transformer.head`
   maps y to the logits), so a loss can apply the head a chunk at a time. Modes
-  HIDDEN_MODES (parallel, exact, jacobi)."""
+  `hidden_modes()` (parallel, exact, and each schedule declaring `hidden`: jacobi)."""
   y, aux = _checked_forward(params, cfg, tokens, mode, control_flow, positions, segment_ids,
                             mode_opts, hidden=True)
   chex.assert_shape(y, (*jnp.shape(tokens), cfg.d_model))

@@ -25,6 +25,10 @@ from t2mlr_jax.model.block import Block
 from t2mlr_jax.model.layers import (LayerSide, Rope, compute_dtype, final_norm,
                                     rms_normalize, rope_tables)
 
+# Leaves of the backbone weight decay leaves alone (`train/optimizer.py`): norm scales,
+# biases, nanochat's per-layer α / β; a recurrence type declares its own.
+NO_DECAY = ("scale", "bias", "resid_lambda", "x0_lambda")
+
 
 @functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig, rng) -> dict:

@@ -8,19 +8,18 @@ before anything is compiled and names the offending field.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Union
 
 from ml_collections import config_dict
 
-from t2mlr_jax.config import (RECURRENCE_CONFIGS, ModelConfig, invalid,
-                              recurrence_from_dict)
+from t2mlr_jax.config import ModelConfig, invalid, recurrence_from_dict
 from t2mlr_jax.model.lstm import LSTMConfig
-from t2mlr_jax.model.modes import HIDDEN_MODES, MODES, mode_options
+from t2mlr_jax.model.modes import hidden_modes, mode_names, mode_options
+from t2mlr_jax.registry import RECURRENCES, default_recurrence
 from t2mlr_jax.train.optimizer import OPTIMIZERS
 
 ARCHS = ("transformer", "lstm")
-RECURRENCE_TYPES = ("none", "t2mlr", "lrt")
-TRAIN_MODES = ("auto", *MODES)
 # ModelConfig fields an experiment config passes through unchanged (nanochat's options).
 BACKBONE_FIELDS = ("norm_scale", "embed_norm", "qk_norm", "mlp_type", "logit_softcap",
                    "resid_lambdas", "x0_lambdas", "window_pattern", "window_short",
@@ -68,28 +67,10 @@ def base_config() -> config_dict.ConfigDict:
       value_embeds=config_dict.placeholder(str),     # layers with value embeddings
       ve_gate_channels=32,        # channels the value-embedding gate reads
       rope_table_dtype="float32",
-      attention="xla",            # "xla", "cudnn" (GPU), "splash" (TPU) or "auto"
-      # the recurrence group holds one type's fields: recurrence_config(type) builds it
-      recurrence=dict(
-          type="t2mlr",           # "t2mlr", "lrt" or "none"
-          l_start=1,              # first layer of the recurrent block (0-based)
-          l_end=-2,               # last layer of the block (inclusive; negative from the end)
-          d_forward=16,           # Jacobi sweeps D_f
-          d_backward=4,           # sweeps carrying gradient D_b (the last ones)
-          jacobi_tol=config_dict.placeholder(float),   # stop sweeps once max|dR| < tol
-          residual=True,          # cache z = o_t + R_t at recurrent positions
-          residual_detach=True,   # R_t under stop_gradient in that residual
-          cache_norm="clipped_rms",   # "clipped_rms", "rmsnorm" or "none"
-          cache_norm_eps=1e-6,
-          cache_norm_clip=5.0,    # clipped_rms: clip of the normalised cache
-          gate_init=0.5,          # sigmoid gates start at this value
-          gate_gain=1.0,          # Xavier gain of the fusion (1e-2 for retrofits)
-          # the other schedules' options (every schedule trains every type: train.mode)
-          passes=2,               # interleaved / chunked: S passes
-          kv_refresh=False,       # (LRT's K/V refresh; refused for T2MLR)
-          refine_passes=3,        # multi_refine: K passes after pass 0
-          refine_weights=(),      # multi_refine: loss weight per pass 0..K (empty: uniform)
-          refine_detach=False))   # multi_refine: no gradient between passes
+      attention="xla")            # "xla", "cudnn" (GPU), "splash" (TPU) or "auto"
+  # the recurrence group holds one type's fields, from its config class (the default type's
+  # here: T2MLR); recurrence_config(type) builds another's, type "none" the plain model
+  c.model.recurrence = recurrence_config(default_recurrence().name)
   c.model.rope_theta = 10000.0
   c.train = dict(
       num_steps=1000,
@@ -180,25 +161,26 @@ def _fail(field: str, value: Any, allowed: str):
 def recurrence_config(kind: str, **overrides) -> config_dict.ConfigDict:
   """A `model.recurrence` group holding every field of one recurrence type at its default
   (so each can be overridden on the command line), e.g. recurrence_config("lrt", passes=3)."""
-  if kind not in RECURRENCE_CONFIGS:
-    _fail("model.recurrence.type", kind, f"one of {sorted(RECURRENCE_CONFIGS)}")
-  fields = RECURRENCE_CONFIGS[kind]().to_dict()
+  entry = RECURRENCES.get(kind, "config field model.recurrence.type")
+  fields = {"type": kind} if entry.config is None else entry.config().to_dict()
   unknown = sorted(set(overrides) - set(fields))
   if unknown:
     _fail(f"model.recurrence.{unknown[0]}", overrides[unknown[0]],
           f"a field of {kind}: {sorted(k for k in fields if k != 'type')}")
   fields.update(overrides)
   c = config_dict.ConfigDict(fields)
-  if c.jacobi_tol is None:
-    c.jacobi_tol = config_dict.placeholder(float)
+  for name, value in fields.items():      # a None default stays overridable (as its type)
+    if value is None:
+      kind_of = next((f.type for f in dataclasses.fields(entry.config) if f.name == name), "")
+      c[name] = config_dict.placeholder(float if "float" in str(kind_of) else
+                                        int if "int" in str(kind_of) else str)
   return c
 
 
 def _recurrence(config):
   r = config.model.recurrence
-  if r.type not in RECURRENCE_TYPES:
-    _fail("model.recurrence.type", r.type, f"one of {RECURRENCE_TYPES}")
-  if r.type == "none":
+  kind = RECURRENCES.get(r.type, "config field model.recurrence.type")
+  if kind.config is None:        # the "none" entry: the plain transformer
     return None
   try:
     return recurrence_from_dict(r.to_dict())
@@ -254,8 +236,9 @@ def train_mode(config, cfg) -> str:
   schedule (T2MLR: jacobi, LRT: interleaved), parallel without a recurrence. Every
   schedule trains every recurrence type."""
   mode = config.train.mode
-  if mode not in TRAIN_MODES:
-    _fail("train.mode", mode, f"one of {TRAIN_MODES}")
+  allowed = ("auto", *mode_names())
+  if mode not in allowed:
+    _fail("train.mode", mode, f"one of {allowed}")
   rec = cfg.recurrence if isinstance(cfg, ModelConfig) else None
   if rec is None:
     return "parallel" if mode == "auto" else mode
@@ -341,9 +324,9 @@ def validate(config):
   if chunk is not None:
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
       _fail("train.loss_chunk", chunk, "None or an integer >= 1 (positions per chunk)")
-    if not isinstance(cfg, ModelConfig) or (rec is not None and mode not in HIDDEN_MODES):
+    if not isinstance(cfg, ModelConfig) or (rec is not None and mode not in hidden_modes()):
       _fail("train.loss_chunk", chunk, f"None for train.mode={mode!r} (a chunked loss "
-            f"needs a transformer trained in one of {HIDDEN_MODES})")
+            f"needs a transformer trained in one of {hidden_modes()})")
   return cfg
 
 

@@ -163,7 +163,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   mesh = sharding.make_mesh(dict(config.mesh), model_width=getattr(cfg, "d_model", None))
   check_batch(t.batch_size, t.get("grad_accum_steps", 1), mesh)
   mode = config_lib.train_mode(config, cfg)
-  tx, schedule = make_optimizer(config.optimizer, t.num_steps, getattr(cfg, "d_model", None))
+  tx, schedule = make_optimizer(config.optimizer, t.num_steps, cfg)
   is_main = jax.process_index() == 0
   root = paths.resolve(workdir)
   if root.exists() and not root.is_dir():

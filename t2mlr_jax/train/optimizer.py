@@ -2,7 +2,9 @@
 grad-norm clipping and an LR multiplier for the recurrence's parameters (×100 when
 fine-tuning a pretrained model).
 
-- `adamw`: one AdamW over every leaf; no weight decay on γ / norms / biases.
+- `adamw`: one AdamW over every leaf; no weight decay on the leaves the backbone
+  (`transformer.NO_DECAY`: norm scales, biases, α / β) and the model's recurrence type
+  (its `RecurrenceType.no_decay`: T2MLR's γ_rec / γ_cur, LRT's γ) declare.
 - `muon`: nanochat's split (the LRT release's optimizer). `param_groups` labels every
   leaf by its per-layer shape and place:
     matrices    every 2-D weight, per layer for the stacked [L, in, out] leaves (attention,
@@ -28,12 +30,17 @@ from __future__ import annotations
 
 import jax
 import optax
+from optax import contrib
 
-NO_DECAY_LEAVES = ("scale", "bias", "gamma_rec", "gamma_cur")
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.model import recurrence, transformer
+from t2mlr_jax.registry import RECURRENCES
+
 OPTIMIZERS = ("adamw", "muon")
 MUON_GROUPS = ("matrices", "embeddings", "unembedding", "scalars")
 STACKED = ("layers", "value_embeds")       # top-level trees with a leading layer axis
-EMBEDDING_LEAVES = (("embed", "embedding"), ("value_embeds", "embedding"), ("memory", "ve"))
+# the backbone's token-indexed tables (a recurrence type declares its own)
+EMBEDDING_LEAVES = (("embed", "embedding"), ("value_embeds", "embedding"))
 
 
 def _keys(path) -> tuple:
@@ -49,10 +56,26 @@ def _in_recurrence(path) -> bool:
   return keys[0] == "recurrence" or (keys[0] == "layers" and "memory" in keys)
 
 
-def decay_mask(params):
-  """True where weight decay applies: matrices and embeddings, not γ, norms or biases."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, _: _leaf_name(path) not in NO_DECAY_LEAVES, params)
+def _types(cfg) -> tuple:
+  """The recurrence types whose declarations apply: the model's own, or every registered
+  one when no model config is given."""
+  if isinstance(cfg, ModelConfig):
+    return (recurrence.of(cfg),)
+  return RECURRENCES.values()
+
+
+def no_decay_leaves(cfg=None) -> frozenset:
+  """Leaf names weight decay leaves alone: the backbone's (`transformer.NO_DECAY`) and
+  those the recurrence type declares (`RecurrenceType.no_decay`)."""
+  return frozenset(transformer.NO_DECAY).union(*(t.no_decay for t in _types(cfg)))
+
+
+def decay_mask(params, cfg=None):
+  """True where weight decay applies: matrices and embeddings, not the declared scalars,
+  norms and biases (`no_decay_leaves`)."""
+  names = no_decay_leaves(cfg)
+  return jax.tree_util.tree_map_with_path(lambda path, _: _leaf_name(path) not in names,
+                                          params)
 
 
 def recurrence_mask(params):
@@ -60,19 +83,23 @@ def recurrence_mask(params):
   return jax.tree_util.tree_map_with_path(lambda path, _: _in_recurrence(path), params)
 
 
-def _muon_group(path, leaf) -> str:
+def _muon_group(path, leaf, embeddings: tuple) -> str:
   keys = _keys(path)
   if keys[:2] == ("lm_head", "kernel"):
     return "unembedding"
-  if any(keys[i:i + 2] == pair for pair in EMBEDDING_LEAVES for i in range(len(keys) - 1)):
+  if any(keys[i:i + 2] == tuple(pair) for pair in embeddings for i in range(len(keys) - 1)):
     return "embeddings"
   per_layer_ndim = leaf.ndim - (1 if keys[0] in STACKED else 0)
   return "matrices" if per_layer_ndim == 2 else "scalars"
 
 
-def param_groups(params):
-  """The Muon optimizer's group of every leaf (a tree of MUON_GROUPS names)."""
-  return jax.tree_util.tree_map_with_path(_muon_group, params)
+def param_groups(params, cfg=None):
+  """The Muon optimizer's group of every leaf (a tree of MUON_GROUPS names): the LM head,
+  the token-indexed tables (the backbone's and those a recurrence type declares in
+  `embedding_leaves`), 2-D weights per layer, and the rest."""
+  embeddings = EMBEDDING_LEAVES + tuple(p for t in _types(cfg) for p in t.embedding_leaves)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: _muon_group(path, leaf, embeddings), params)
 
 
 def make_schedule(opt_config, num_steps: int, peak=None) -> optax.Schedule:
@@ -86,9 +113,8 @@ def make_schedule(opt_config, num_steps: int, peak=None) -> optax.Schedule:
       decay_steps=max(num_steps, warmup + 1), end_value=peak * opt_config.min_lr_frac)
 
 
-def _muon(opt_config, num_steps: int, d_model):
+def _muon(opt_config, num_steps: int, d_model, cfg):
   """(multi_transform over MUON_GROUPS, the matrices' schedule)."""
-  from optax import contrib
   o = opt_config
   scale = (d_model / 768) ** -0.5 if (o.dmodel_lr_scale and d_model) else 1.0
   sched = lambda lr: make_schedule(o, num_steps, peak=lr)
@@ -107,13 +133,17 @@ def _muon(opt_config, num_steps: int, d_model):
           lambda path, _: scalar_kind.get(_leaf_name(path), "other"), p))
   transforms = {"matrices": matrices, "embeddings": adam(o.embedding_lr * scale),
                 "unembedding": adam(o.unembedding_lr * scale), "scalars": scalars}
-  return optax.multi_transform(transforms, param_groups), sched(o.matrix_lr)
+  return (optax.multi_transform(transforms, lambda p: param_groups(p, cfg)),
+          sched(o.matrix_lr))
 
 
-def make_optimizer(opt_config, num_steps: int, d_model=None):
+def make_optimizer(opt_config, num_steps: int, cfg=None):
   """(optax transform, the schedule reported as `lr`: AdamW's, or Muon's matrix LR).
-  Masks follow the tree structure, so one transform serves any model; `d_model` feeds
+  Masks follow the tree structure, so one transform serves any model. `cfg`, the model's
+  config (a ModelConfig, the LSTM's, or None), gives the recurrence type whose no-decay
+  leaves and embedding tables apply (None: every registered type's) and the d_model of
   Muon's dmodel_lr_scale."""
+  d_model = getattr(cfg, "d_model", None)
   if opt_config.name not in OPTIMIZERS:
     raise ValueError(f"config field optimizer.name={opt_config.name!r} is invalid: allowed "
                      f"one of {OPTIMIZERS}")
@@ -121,13 +151,13 @@ def make_optimizer(opt_config, num_steps: int, d_model=None):
   if opt_config.grad_clip:
     parts.append(optax.clip_by_global_norm(opt_config.grad_clip))
   if opt_config.name == "muon":
-    tx, schedule = _muon(opt_config, num_steps, d_model)
+    tx, schedule = _muon(opt_config, num_steps, d_model, cfg)
     parts.append(tx)
   else:
     schedule = make_schedule(opt_config, num_steps)
     parts.append(optax.adamw(schedule, b1=opt_config.b1, b2=opt_config.b2,
                              eps=opt_config.eps, weight_decay=opt_config.weight_decay,
-                             mask=decay_mask))
+                             mask=lambda p: decay_mask(p, cfg)))
   if opt_config.recurrence_lr_mult != 1.0:
     parts.append(optax.masked(optax.scale(opt_config.recurrence_lr_mult), recurrence_mask))
   return optax.chain(*parts), schedule

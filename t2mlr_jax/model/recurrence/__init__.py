@@ -4,8 +4,10 @@ A recurrence carries one fp32 vector per sequence from token t−1 to token t. E
 is one module here (`t2mlr.py`, `lrt.py`) answering the same questions; the modes
 (`modes.py`, `decode.py`) and the training schedules (`schedules/`) only orchestrate
 them, through `span.py` (the recurrent span run over all positions, and the state each
-position reads from the one before it). Adding a type = a config class in `config.py`
-(its fields, `span`, `num_params`, `mixer_flops`) + a module here + one row of TYPES.
+position reads from the one before it). Adding a type = a config class (its fields,
+`span`, `num_params`, `mixer_flops`) and a module answering the functions below, which
+ends by registering its `registry.RecurrenceType` (`register`); the module may live
+anywhere (a user's file: `--user_module`). "none" (`none.py`) is the model without one.
 
     init_params(cfg, rng)             what it adds to the parameters outside the layers
                                       (None if nothing); `layer_module` (a Linen module
@@ -47,21 +49,27 @@ reads and writes.
 
 from __future__ import annotations
 
-from types import ModuleType
-
-from t2mlr_jax.config import LRTConfig, ModelConfig, T2MLRConfig
+from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model.control_flow import CF_PAD, CF_PLAIN, CF_RECURRENT
-from t2mlr_jax.model.recurrence import lrt, t2mlr
+# the built-in types register themselves on import (each file ends with its declaration)
+from t2mlr_jax.model.recurrence import lrt, none, t2mlr  # noqa: F401
+from t2mlr_jax.registry import RECURRENCES, RecurrenceType
 
-TYPES = {T2MLRConfig: t2mlr, LRTConfig: lrt}
-
-__all__ = ["CF_PAD", "CF_PLAIN", "CF_RECURRENT", "TYPES", "of", "layer_module",
-           "init_params", "uses_memory", "zero_state", "lrt", "t2mlr"]
+__all__ = ["CF_PAD", "CF_PLAIN", "CF_RECURRENT", "RECURRENCES", "RecurrenceType", "of",
+           "register", "layer_module", "init_params", "uses_memory", "zero_state"]
 
 
-def of(cfg: ModelConfig) -> ModuleType:
-  """The module implementing cfg.recurrence's type."""
-  return TYPES[type(cfg.recurrence)]
+def register(entry: RecurrenceType) -> RecurrenceType:
+  """Register a recurrence type (a user's file calls this at import, then configs name it
+  by `entry.name`: `recurrence_config(name)`, `ModelConfig(recurrence=ItsConfig())`)."""
+  return RECURRENCES.register(entry)
+
+
+def of(cfg: ModelConfig) -> RecurrenceType:
+  """The registered type of cfg.recurrence (the "no recurrence" entry for None)."""
+  if cfg.recurrence is None:
+    return next(t for t in RECURRENCES.values() if t.config is None)
+  return RECURRENCES.get(type(cfg.recurrence).type)
 
 
 def init_params(cfg: ModelConfig, rng):
@@ -74,9 +82,9 @@ def layer_module(cfg: ModelConfig):
 
 def uses_memory(cfg: ModelConfig) -> bool:
   """Whether the recurrence feeds memory into the layers themselves (LRT)."""
-  return cfg.recurrence is not None and layer_module(cfg) is not None
+  return layer_module(cfg) is not None
 
 
 def zero_state(cfg: ModelConfig, batch: int):
   """The state before the first token (also the placeholder of a model without one)."""
-  return (of(cfg) if cfg.recurrence is not None else t2mlr).zero_state(cfg, batch)
+  return of(cfg).zero_state(cfg, batch)

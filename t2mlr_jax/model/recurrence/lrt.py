@@ -20,6 +20,7 @@ dtype where it joins the stream.
 from __future__ import annotations
 
 import math
+import sys
 
 import flax.linen as nn
 import jax
@@ -29,6 +30,7 @@ from t2mlr_jax.config import LRTConfig, ModelConfig
 from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
 from t2mlr_jax.model.layers import (KV, LayerSide, apply_rope, compute_dtype, final_norm,
                                     matmul_fp32, rms_normalize)
+from t2mlr_jax.registry import RECURRENCES, RecurrenceType
 
 
 def _uniform(bound: float):
@@ -228,3 +230,14 @@ def refresh_kv(params, cfg: ModelConfig, rope, buf: KV, extras, old, memory_BTD,
       k_rot = rms_normalize(k_rot, cfg.rms_norm_eps).astype(k_pre.dtype)
     keys = jnp.where(u, k_rot.astype(keys.dtype), keys)
   return KV(keys, values), (k_pre, g_fb), (k_new, v_new)
+
+
+TYPE = RECURRENCES.register(RecurrenceType.from_module(
+    sys.modules[__name__], name=LRTConfig.type, config=LRTConfig,
+    # γ_i, one scalar per layer (the release keeps every scalar out of weight decay)
+    no_decay=("gamma",),
+    partition_rules=(
+        (r"layers/memory/(w_k|w_v)$", ("layers", "embed", "kv_heads")),   # layerwise
+        (r"layers/memory/ve$", ("layers", "vocab", "embed")),             # value embeddings
+        (r"recurrence/(w_k|w_v)$", ("embed", "kv_heads"))),               # LRT-shared
+    embedding_leaves=(("memory", "ve"),)))

@@ -15,6 +15,7 @@ release's Jacobi sweep 0 takes the raw span output as the first cache) and no
 
 from __future__ import annotations
 
+import sys
 from typing import Callable, NamedTuple, Optional
 
 import flax.linen as nn
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 from t2mlr_jax.config import ModelConfig, T2MLRConfig
 from t2mlr_jax.model.control_flow import CF_PAD, CF_PLAIN, CF_RECURRENT
 from t2mlr_jax.model.layers import matmul_fp32
+from t2mlr_jax.registry import RECURRENCES, RecurrenceType
 
 
 
@@ -173,3 +175,11 @@ def scalars(params, cfg: ModelConfig) -> dict:
 
 def value_embed_rows(params, cfg: ModelConfig, tokens_BT):
   return None
+
+
+TYPE = RECURRENCES.register(RecurrenceType.from_module(
+    sys.modules[__name__], name=T2MLRConfig.type, config=T2MLRConfig, default=True,
+    # γ_rec / γ_cur are the gates' scalars (the cache norm's and the gates' biases are the
+    # backbone's rule: `scale`, `bias`); W_rec and the gate kernels decay as matrices
+    no_decay=("gamma_rec", "gamma_cur"),
+    partition_rules=((r"recurrence/(w_rec|f_rec|f_cur)/kernel$", ("embed", None)),)))

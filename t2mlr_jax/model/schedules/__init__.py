@@ -1,8 +1,9 @@
 """The training schedules: parallel approximations of the sequential recurrence, each one
 file, each for every recurrence type (they call only the interface of
-`recurrence/__init__.py`, through `span.py`). Adding a schedule = a file here with its
-function and OPTIONS + one row of SCHEDULES; the options' defaults are fields of every
-recurrence config (`config.ScheduleOptions`).
+`recurrence/__init__.py`, through `span.py`). A schedule is one `registry.Schedule`
+(its run function, options, FLOPs, pass losses), registered at the end of its file;
+the options' defaults are fields of every recurrence config (`config.ScheduleOptions`).
+A user's schedule registers the same way from its own file (`--user_module`).
 
     jacobi        parallel fixed-point sweeps, gradient through the last D_b (jacobi.py)
     interleaved   pass 0, then S passes over t ≡ p−1 (mod S)             (interleaved.py)
@@ -12,20 +13,14 @@ recurrence config (`config.ScheduleOptions`).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+# the built-in schedules register themselves on import
+from t2mlr_jax.model.schedules import interleaved, jacobi, multi_refine  # noqa: F401
+from t2mlr_jax.registry import SCHEDULES, Schedule
 
-from t2mlr_jax.model.schedules import interleaved, jacobi, multi_refine
-
-
-class Schedule(NamedTuple):
-  run: Callable          # (params, cfg, tokens, inp, options, hidden) -> ModeOut
-  options: tuple         # the recurrence-config fields it reads (per-call overridable)
-  hidden: bool           # can return hidden states instead of logits (a chunked loss)
+__all__ = ["SCHEDULES", "Schedule", "register"]
 
 
-SCHEDULES = {
-    "jacobi": Schedule(jacobi.run, jacobi.OPTIONS, True),
-    "interleaved": Schedule(interleaved.run_interleaved, interleaved.OPTIONS, False),
-    "chunked": Schedule(interleaved.run_chunked, interleaved.OPTIONS, False),
-    "multi_refine": Schedule(multi_refine.run, multi_refine.OPTIONS, False),
-}
+def register(entry: Schedule) -> Schedule:
+  """Register a training schedule; `forward`, `loss`, `train.mode` and `evaluate --mode`
+  then take it by name for every recurrence type."""
+  return SCHEDULES.register(entry)

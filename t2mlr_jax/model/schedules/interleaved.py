@@ -24,11 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.losses import cross_entropy, supervised
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.layers import rope_tables
 from t2mlr_jax.model.sequence import ModeOut, SeqInputs, context, segments, side_inputs
 from t2mlr_jax.model.span import previous_states, run_span, zero_states
 from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers
+from t2mlr_jax.registry import SCHEDULES, Schedule
 from t2mlr_jax.sharding import constrain_batch
 
 OPTIONS = ("passes", "kv_refresh")
@@ -160,3 +162,43 @@ def run_interleaved(params, cfg, tokens_BT, inp, options: dict, hidden: bool = F
 
 def run_chunked(params, cfg, tokens_BT, inp, options: dict, hidden: bool = False):
   return chunked(params, cfg, tokens_BT, inp, options["passes"], options["kv_refresh"])
+
+
+def flops(costs, options: dict, sweeps=None) -> tuple[float, float]:
+  """Pass 0 over every layer, then the S passes whose queries cover each position once
+  (attending over all T keys) from the span on; every pass keeps its gradient."""
+  forward = costs.full + costs.refined
+  return forward, forward
+
+
+def _pass_sets(labels_BT, options: dict, kind: str):
+  return pass_positions(labels_BT.shape[1], options["passes"], kind)
+
+
+def pass_loss(kind: str):
+  """(Σ_p mean CE of pass p over its own positions) / (S+1): pass 0 over every position,
+  each pass's mean over its supervised positions (of `totals` when given)."""
+  def loss(pass_logits, labels_BT, options: dict, totals=None):
+    total = lambda i: None if totals is None else totals[i]
+    sets = _pass_sets(labels_BT, options, kind)
+    losses = [cross_entropy(pass_logits[0], labels_BT, total=total(0))[0]]
+    losses += [cross_entropy(lg, labels_BT[:, P], total=total(i + 1))[0]
+               for i, (lg, P) in enumerate(zip(pass_logits[1:], sets))]
+    per_pass = jnp.stack(losses)
+    return jnp.mean(per_pass), per_pass
+  return loss
+
+
+def token_totals(kind: str):
+  """[S+1]: pass 0's supervised tokens over every position, then each pass's own."""
+  def totals(labels_BT, options: dict):
+    sets = _pass_sets(labels_BT, options, kind)
+    return jnp.stack([jnp.sum(supervised(labels_BT))]
+                     + [jnp.sum(supervised(labels_BT[:, P])) for P in sets])
+  return totals
+
+
+for _kind, _run in (("interleaved", run_interleaved), ("chunked", run_chunked)):
+  SCHEDULES.register(Schedule(
+      name=_kind, run=_run, flops=flops, options=OPTIONS, pass_loss=pass_loss(_kind),
+      token_totals=token_totals(_kind), source=__name__))

@@ -14,6 +14,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence
@@ -21,6 +22,7 @@ from t2mlr_jax.model.sequence import (ModeOut, SeqInputs, context, logits, run_b
                                       run_segment, segments, stacked)
 from t2mlr_jax.model.span import previous_states, run_span, zero_states
 from t2mlr_jax.model.transformer import embed
+from t2mlr_jax.registry import SCHEDULES, Schedule
 from t2mlr_jax.sharding import constrain_batch
 
 OPTIONS = ("d_forward", "d_backward", "jacobi_tol")
@@ -163,3 +165,37 @@ def run(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, options: dict,
         hidden: bool = False) -> ModeOut:
   return jacobi(params, cfg, tokens_BT, inp, options["d_forward"], options["d_backward"],
                 options["jacobi_tol"], hidden)
+
+
+def check_depths(rcfg, given: dict) -> dict:
+  """D_f and D_b given per call: each checked on its own, D_b clamped to D_f (whichever
+  side gave it)."""
+  if "d_forward" not in given and "d_backward" not in given:
+    return given
+  d_f = given.get("d_forward", rcfg.d_forward)
+  d_b = given.get("d_backward", rcfg.d_backward)
+  for name, v in (("d_forward", d_f), ("d_backward", d_b)):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+      raise ValueError(f"{name}={v!r} is invalid: allowed an integer >= 1")
+  return {**given, "d_forward": int(d_f), "d_backward": int(min(d_b, d_f))}
+
+
+def flops(costs, options: dict, sweeps: Optional[int]) -> tuple[float, float]:
+  """Lower once; sweep 0 (without the recurrence's matmuls when the type's plain_state
+  hook runs it); `sweeps` − 1 span sweeps (default D_f); the final span + upper pass.
+  Gradient: lower, the final pass, the last min(D_b, D_f − 1) sweeps, sweep 0 too when
+  D_b = D_f."""
+  d_f, d_b = options["d_forward"], options["d_backward"]
+  s = d_f if sweeps is None else sweeps
+  sweep = costs.middle + costs.span_mixer
+  sweep0 = costs.middle + costs.sweep0_mixer
+  final = costs.middle + costs.upper + costs.above_mixer
+  forward = costs.head + costs.lower + sweep0 + (s - 1) * sweep + final
+  grad = (costs.head + costs.lower + final + min(d_b, d_f - 1) * sweep
+          + (sweep0 if d_b == d_f else 0.0))
+  return forward, grad
+
+
+SCHEDULE = SCHEDULES.register(Schedule(
+    name="jacobi", run=run, flops=flops, options=OPTIONS, hidden=True,
+    check_options=check_depths, sweeps_metric="jacobi_sweeps", source=__name__))

@@ -11,10 +11,12 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.losses import cross_entropy
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.sequence import ModeOut, SeqInputs, context, run_segment, segments
 from t2mlr_jax.model.span import previous_states, run_span, zero_states
 from t2mlr_jax.model.transformer import embed, head, run_layers
+from t2mlr_jax.registry import SCHEDULES, Schedule
 from t2mlr_jax.sharding import constrain_batch
 
 OPTIONS = ("refine_passes", "refine_weights", "refine_detach")
@@ -67,3 +69,23 @@ def run(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, options: dict,
         hidden: bool = False) -> ModeOut:
   return multi_refine(params, cfg, tokens_BT, inp, options["refine_passes"],
                       options["refine_detach"])
+
+
+def flops(costs, options: dict, sweeps=None) -> tuple[float, float]:
+  """Pass 0, then K passes from the span on (`sweeps` overrides K); all with gradient."""
+  k = options["refine_passes"] if sweeps is None else sweeps
+  forward = costs.full + k * costs.refined
+  return forward, forward
+
+
+def pass_loss(pass_logits, labels_BT, options: dict, totals=None):
+  """Σ_k w_k·CE_k / Σ_k w_k over passes 0..K (refine_weights; uniform when empty)."""
+  total = None if totals is None else totals[0]
+  per_pass = jax.vmap(lambda lg: cross_entropy(lg, labels_BT, total=total)[0])(pass_logits)
+  w = jnp.asarray(options["refine_weights"] or (1.0,) * per_pass.shape[0], jnp.float32)
+  return jnp.sum(w * per_pass) / jnp.sum(w), per_pass
+
+
+SCHEDULE = SCHEDULES.register(Schedule(
+    name="multi_refine", run=run, flops=flops, options=OPTIONS, pass_loss=pass_loss,
+    source=__name__))

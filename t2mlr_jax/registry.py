@@ -1,0 +1,220 @@
+"""The library's extension points, each a registry of objects that declare everything the
+library needs of them: recurrence types (`RecurrenceType`), training schedules
+(`Schedule`) and, later, model families. The built-in entries register themselves in
+their own files (`model/recurrence/t2mlr.py`, `model/schedules/jacobi.py`, ...); a
+user's file registers its own the same way and is imported first with `--user_module`
+(`import_user_module`). Everything else iterates over the registries and reads the
+allowed names when asked, never at import time, so an entry registered later is known.
+
+This module imports nothing else of the library's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+  """Named entries of one extension point, in registration order."""
+
+  def __init__(self, what: str, field: str):
+    self.what = what          # what an entry is, for messages ("recurrence type")
+    self.field = field        # the config field that names one ("recurrence.type")
+    self._entries: dict[str, T] = {}
+
+  def register(self, entry: T) -> T:
+    """Add `entry` under `entry.name`; registering another object under a taken name is
+    refused (re-registering the same object, e.g. a module imported twice, is not)."""
+    name = entry.name
+    if not isinstance(name, str) or not name.isidentifier():
+      raise ValueError(f"{self.what} name {name!r} is invalid: allowed a Python identifier")
+    old = self._entries.get(name)
+    if old is not None and old is not entry and old != entry:
+      raise ValueError(f"{self.what} {name!r} is already registered (by "
+                       f"{getattr(old, 'source', '?')}); choose another name")
+    self._entries[name] = entry
+    return entry
+
+  def unregister(self, name: str) -> None:
+    """Remove an entry (tests that register temporary ones)."""
+    self._entries.pop(name, None)
+
+  def get(self, name: str, field: Optional[str] = None) -> T:
+    """The entry called `name`; an unknown name is one error naming the field and the
+    names registered now."""
+    if name not in self._entries:
+      raise ValueError(f"{field or self.field}={name!r} is invalid: allowed one of "
+                       f"{self.names()}")
+    return self._entries[name]
+
+  def names(self) -> tuple[str, ...]:
+    """The registered names, in registration order."""
+    return tuple(self._entries)
+
+  def values(self) -> tuple[T, ...]:
+    """The registered entries, in registration order."""
+    return tuple(self._entries.values())
+
+  def __contains__(self, name) -> bool:
+    return name in self._entries
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(tuple(self._entries))
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+
+# The interface functions every recurrence type answers (model/recurrence/__init__.py says
+# what each does); `layer_module`, `plain_state` and `refresh_kv` may be None (declined).
+RECURRENCE_FUNCTIONS = ("init_params", "zero_state", "read", "enter", "memory", "carry",
+                        "stats", "layer_stats", "scalars", "value_embed_rows")
+RECURRENCE_OPTIONAL = ("layer_module", "plain_state", "refresh_kv")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RecurrenceType:
+  """One recurrence type: its config class, the interface the modes and schedules call,
+  and what the optimizer and the partitioner need of its parameters.
+
+  no_decay: leaf names of its parameters that weight decay must leave alone (its gates'
+  scalars, norms); the backbone's own (norm scales, biases, α/β) are the family's.
+  partition_rules: (regex on the parameter path, logical axis per dimension) rows for
+  its parameters (`sharding.py`'s table); unmatched leaves are replicated.
+  embedding_leaves: (parent, leaf) name pairs of token-indexed tables of its own, which
+  Muon trains with the embeddings' AdamW.
+  config: the frozen dataclass of its fields (None only for the "none" entry); its class
+  attribute `type` is the name.
+  """
+  name: str                    # what configs call it: model.recurrence.type
+  config: Optional[type]       # its fields' frozen dataclass (None: "none")
+  init_params: Callable        # (cfg, rng) -> params["recurrence"] or None
+  zero_state: Callable         # (cfg, B) -> the state before the first token
+  read: Callable               # (cfg, state, positions, slots) -> the state a position sees
+  enter: Callable              # (params, cfg, h, state, cf) -> (h at the span's start, stats)
+  memory: Callable             # (cfg, state, cf) -> what each layer reads, or None
+  carry: Callable              # (params, cfg, o, state, cf) -> the state left for t+1
+  stats: Callable              # (enter's stats, cf) -> metrics
+  layer_stats: Callable        # (what layer_module sowed, cfg) -> metrics
+  scalars: Callable            # (params, cfg) -> learned scalars a training log shows
+  value_embed_rows: Callable   # (params, cfg, tokens) -> per-layer value-embedding rows
+  layer_module: Any = None     # a Linen module adding per-layer parameters, or None
+  plain_state: Optional[Callable] = None   # Jacobi's sweep-0 hook, or None
+  refresh_kv: Optional[Callable] = None    # the refinement passes' K/V refresh, or None
+  no_decay: tuple = ()         # leaf names weight decay leaves alone
+  partition_rules: tuple = ()  # (path regex, logical axes) rows of its parameters
+  embedding_leaves: tuple = ()  # (parent, leaf) tables Muon trains as embeddings
+  default: bool = False        # what a config or an export that names no type gets
+  source: str = ""             # the module that registered it
+
+  def __post_init__(self):
+    if self.config is not None and getattr(self.config, "type", None) != self.name:
+      raise ValueError(f"recurrence type {self.name!r}: its config class "
+                       f"{self.config.__name__} must have the class attribute "
+                       f"type = {self.name!r}")
+
+  @classmethod
+  def from_module(cls, module: ModuleType, *, name: str, config: Optional[type],
+                  **declarations) -> "RecurrenceType":
+    """The type whose interface functions are `module`'s of the same names; a missing one
+    is named (so a user's file learns what it lacks at registration, not mid-trace)."""
+    missing = [f for f in RECURRENCE_FUNCTIONS + RECURRENCE_OPTIONAL
+               if not hasattr(module, f)]
+    if missing:
+      raise ValueError(f"recurrence type {name!r} ({module.__name__}) lacks {missing}: "
+                       f"define each of {RECURRENCE_FUNCTIONS} and set "
+                       f"{RECURRENCE_OPTIONAL} (None declines)")
+    fns = {f: getattr(module, f) for f in RECURRENCE_FUNCTIONS + RECURRENCE_OPTIONAL}
+    return cls(name=name, config=config, source=module.__name__, **fns, **declarations)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Schedule:
+  """One training schedule: a parallel approximation of the sequential recurrence.
+
+  run(params, cfg, tokens, inp, options, hidden) -> ModeOut (`model/sequence.py`).
+  options: the recurrence-config fields it reads (each overridable per call).
+  flops(costs, options, sweeps) -> (forward FLOPs, FLOPs of the part with gradient):
+  its cost from `flops.PassCosts` (the model's pass pieces); `sweeps` is the number of
+  sweeps or passes a step actually ran, when the trainer logged it (else None).
+  hidden: it can return hidden states instead of logits (a chunked loss).
+  check_options(rcfg, given) -> given: checks and normalises options given per call.
+  sweeps_metric: the aux metric holding the sweeps a step ran (its FLOPs vary with it).
+  pass_loss(pass_logits, labels, options, totals) -> (loss, per-pass losses): how the
+  passes' losses are weighted, for a schedule whose aux returns `pass_logits`.
+  token_totals(labels, options) -> [n]: the supervised-token counts each pass's mean
+  divides by (gradient accumulation sums parts of a batch against them); None: [1].
+  """
+  name: str                    # what `mode=` and train.mode call it
+  run: Callable                # (params, cfg, tokens, inp, options, hidden) -> ModeOut
+  flops: Callable              # (costs, options, sweeps) -> (forward, with gradient)
+  options: tuple = ()          # recurrence-config fields it reads
+  hidden: bool = False         # can return hidden states (a chunked loss)
+  check_options: Optional[Callable] = None   # (rcfg, given) -> given
+  sweeps_metric: Optional[str] = None        # aux metric: sweeps a step ran
+  pass_loss: Optional[Callable] = None       # weighting of its passes' losses
+  token_totals: Optional[Callable] = None    # per-pass supervised-token counts
+  source: str = ""             # the module that registered it
+
+
+RECURRENCES: Registry[RecurrenceType] = Registry("recurrence type", "recurrence.type")
+SCHEDULES: Registry[Schedule] = Registry("schedule", "mode")
+
+# The files given with --user_module, in the order they were imported (checkpoints record
+# them so a run that needs one can say so).
+USER_MODULES: list[str] = []
+
+
+def default_recurrence() -> RecurrenceType:
+  """The type declared `default` (T2MLR): `base_config()`'s, and that of exports written
+  before their recurrence carried a type tag."""
+  return next(t for t in RECURRENCES.values() if t.default)
+
+
+def recurrence_config_classes() -> dict:
+  """{name: config class} of every registered type that has fields."""
+  return {t.name: t.config for t in RECURRENCES.values() if t.config is not None}
+
+
+def import_user_module(path: str) -> ModuleType:
+  """Import a user's Python file (fairseq's --user-dir convention): it registers its own
+  recurrence types and schedules. Importing the same file again is a no-op."""
+  path = os.path.abspath(os.path.expanduser(path))
+  if not os.path.isfile(path) or not path.endswith(".py"):
+    raise ValueError(f"--user_module={path!r} is invalid: allowed the path of an existing "
+                     ".py file")
+  name = "t2mlr_user_" + os.path.splitext(os.path.basename(path))[0]
+  module = sys.modules.get(name)
+  if module is not None and os.path.abspath(getattr(module, "__file__", "")) == path:
+    return module
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  try:
+    spec.loader.exec_module(module)
+  except BaseException:
+    del sys.modules[name]
+    raise
+  if path not in USER_MODULES:
+    USER_MODULES.append(path)
+  return module
+
+
+def user_modules_in(argv) -> list[str]:
+  """The --user_module values of a command line (`--user_module=P` or `--user_module P`,
+  several allowed, comma-separated too), read before flags are parsed: a config file may
+  name a type the module registers."""
+  found, args = [], list(argv)
+  for i, a in enumerate(args):
+    if a.startswith("--user_module="):
+      found.append(a.split("=", 1)[1])
+    elif a == "--user_module" and i + 1 < len(args):
+      found.append(args[i + 1])
+  return [p for v in found for p in v.split(",") if p]
