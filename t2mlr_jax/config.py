@@ -117,6 +117,11 @@ class ScheduleOptions(_Replaceable):
               f"empty (uniform) or refine_passes+1={self.refine_passes + 1} weights >= 0 "
               "(passes 0..K) with a positive sum")
 
+  def to_dict(self) -> dict:
+    """The fields and the type name (a recurrence config's class attribute `type`), as
+    `recurrence_from_dict` reads them back."""
+    return {"type": type(self).type, **dataclasses.asdict(self)}
+
 
 @dataclasses.dataclass(frozen=True)
 class T2MLRConfig(ScheduleOptions):
@@ -157,10 +162,6 @@ class T2MLRConfig(ScheduleOptions):
   def gate_bias(self) -> float:
     """The gates' initial bias: logit(gate_init), so sigmoid(bias) = gate_init."""
     return math.log(self.gate_init / (1.0 - self.gate_init))
-
-  def to_dict(self) -> dict:
-    """The fields and the type name, as `recurrence_from_dict` reads them back."""
-    return {"type": self.type, **dataclasses.asdict(self)}
 
   def span(self, model: "ModelConfig") -> tuple[int, int]:
     """(first, last) layer of the recurrent span, both inclusive: l_start..l_end."""
@@ -228,10 +229,6 @@ class LRTConfig(ScheduleOptions):
     if not (self.residual or self.key or self.value or self.value_embeds):
       invalid("recurrence.residual/key/value/value_embeds", False,
               "at least one feedback path on")
-
-  def to_dict(self) -> dict:
-    """The fields and the type name, as `recurrence_from_dict` reads them back."""
-    return {"type": self.type, **dataclasses.asdict(self)}
 
   def source_index(self, model: "ModelConfig") -> int:
     """The memory's source layer as a non-negative index (n_layers-1 for -1: the final

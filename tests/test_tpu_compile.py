@@ -277,3 +277,23 @@ def test_two_slices_put_the_data_axis_over_dcn():
   c.mesh.update(data=1, fsdp=-1)
   with pytest.raises(ValueError, match=r"mesh.data=1 is invalid over 2 slices"):
     aot.compile_config(c, "v5e-4", num_slices=2)
+
+
+@pytest.mark.tpu_compile
+@needs_libtpu
+def test_a_user_modules_type_and_schedule_compile_for_tpu(tmp_path):
+  """docs/examples' recurrence type under its own schedule: the compile tool takes
+  --user_module as the trainer does, and its train step compiles for a v5e slice."""
+  examples = os.path.join(ROOT, "docs", "examples")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+  out = tmp_path / "fit.json"
+  p = subprocess.run([sys.executable, "-m", "t2mlr_jax.compile",
+                      f"--user_module={examples}/echo.py,{examples}/full_jacobi.py",
+                      f"--config={examples}/s5_echo.py:tiny", "--topology=v5e:2x2",
+                      "--config.train.mode=full_jacobi", f"--output={out}"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stderr[-2000:]
+  report = json.loads(out.read_text())
+  train = next(s for s in report["steps"] if s["step"] == "train")
+  assert report["fits"] and train["mode"] == report["mode"] == "full_jacobi", report
+  assert train["model_flops_per_device"] > 0     # the schedule's own FLOPs declaration

@@ -268,6 +268,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
           last["tokens_per_sec"] = len(window) * tokens_per_step / max(elapsed, 1e-9)
           last["steps_per_sec"] = len(window) / max(elapsed, 1e-9)
           if step_flops:
+            last["step_flops"] = step_flops      # the cost model's, per optimizer step
             achieved = step_flops * last["steps_per_sec"]
             last["model_tflops_per_sec"] = achieved / 1e12
             peak = flops.peak_flops()

@@ -13,8 +13,11 @@ A user's schedule registers the same way from its own file (`--user_module`).
 
 from __future__ import annotations
 
-# the built-in schedules register themselves on import
-from t2mlr_jax.model.schedules import interleaved, jacobi, multi_refine  # noqa: F401
+# the built-in schedules register themselves on import, in the order modes are listed
+from t2mlr_jax.model.schedules import jacobi  # noqa: F401  (first: T2MLR's, the default's)
+
+# isort: split
+from t2mlr_jax.model.schedules import interleaved, multi_refine  # noqa: F401
 from t2mlr_jax.registry import SCHEDULES, Schedule
 
 __all__ = ["SCHEDULES", "Schedule", "register"]
