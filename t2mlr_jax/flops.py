@@ -1,4 +1,5 @@
-"""The cost model (SPEC §8): FLOPs of forward passes, train steps and decoding.
+"""The cost model (docs/performance.md#cost-model): FLOPs of forward passes, train steps
+and decoding.
 
 Counts multiply-adds as 2 FLOPs, matmuls only (norms, softmax and elementwise
 work are a few percent at these sizes). Attention over a full sequence counts
@@ -70,7 +71,7 @@ def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "paral
   """FLOPs of one forward pass in `mode`.
 
   jacobi: lower once, sweep 0 + (sweeps - 1) span sweeps with the mixer, then
-  the final span + upper pass (SPEC §8); `sweeps` defaults to d_forward.
+  the final span + upper pass; `sweeps` defaults to d_forward.
   interleaved / chunked: pass 0 over every layer, then the S passes whose queries cover
   each position once (attending over all T keys) from the span's first layer on.
   multi_refine: pass 0, then K passes from the span on (`sweeps` overrides K).
