@@ -1,5 +1,5 @@
-"""T2MLR pretraining from scratch at SmolLM2-135M's shape on FineWeb-Edu (SPEC §5-6), for
-accelerators.
+"""T2MLR pretraining from scratch at SmolLM2-135M's shape on FineWeb-Edu (docs/training.md,
+"Recipes of the official runs"), for accelerators.
 
 The data is read as prepared ArrayRecord shards; make them once from local FineWeb-Edu
 parquet files with SmolLM2's tokenizer (a directory holding its tokenizer.json):

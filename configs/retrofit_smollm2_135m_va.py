@@ -3,9 +3,9 @@
 The paper's retrofit recipe on the real 135M model: pretrained weights + a T2MLR
 block (γ = 0, so step 0 is exactly the pretrained model), gate init gain 1e-2,
 the recurrence parameters' LR ×100, AdamW with β2 0.99, and the Variable Assignment
-Jacobi depths D_f/D_b 8/4 (SPEC §3; the GSM8K retrofit uses 16/8).
-Prompts are the SPEC §5 Variable Assignment prompts in the chat template
-(non-recurrent, cf 1); the response walks the alias chain (`z=l`, `l=v`, `v=1`,
+Jacobi depths D_f/D_b 8/4 (the GSM8K retrofit uses 16/8; docs/training.md).
+Prompts are the Variable Assignment prompts (docs/experiments.md#tasks) in the chat
+template (non-recurrent, cf 1); the response walks the alias chain (`z=l`, `l=v`, `v=1`,
 `### 1`) and is recurrent (cf 2) with the loss on it. Sized for a CPU: the block is the
 middle fifth (layers 12-17 of 30), 120 steps of 8 examples, lr 2e-4.
 

@@ -1,4 +1,5 @@
-"""Retrofit T2MLR into SmolLM2-1.7B-Instruct and fine-tune on GSM8K-Aug (SPEC §6-7).
+"""Retrofit T2MLR into SmolLM2-1.7B-Instruct and fine-tune on GSM8K-Aug (docs/training.md,
+"Recipes of the official runs"; docs/experiments.md#published-results).
 
 The paper's retrofit setting: pretrained weights + a T2MLR block on layers 4..-5
 (γ = 0, so step 0 is exactly the pretrained model), gate init gain 1e-2, the

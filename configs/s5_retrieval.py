@@ -1,4 +1,5 @@
-"""T2MLR on S5-Retrieval (SPEC §5-6): the library's embedded default job.
+"""T2MLR on S5-Retrieval (docs/experiments.md#tasks; the paper's recipe: docs/training.md):
+the library's embedded default job.
 
 Variants (`--config=configs/s5_retrieval.py:VARIANT`):
   (default)  a CPU-sized run (14 min on 2 cores) on the group S3 that learns the state

@@ -1,5 +1,5 @@
-"""Baseline: an LSTM language model (tied embeddings, SPEC §6: 4 layers, H 360, lr 5e-3
-in the paper). For the CPU variants the width is chosen so the parameter count
+"""Baseline: an LSTM language model (tied embeddings; 4 layers, H 360, lr 5e-3 in the
+paper: docs/training.md). For the CPU variants the width is chosen so the parameter count
 matches the T2MLR model of s5_retrieval.py within 10%."""
 
 import math

@@ -1,4 +1,5 @@
-"""T2MLR on Variable Assignment (SPEC §5), byte-level, trained from scratch on CPU.
+"""T2MLR on Variable Assignment (docs/experiments.md#tasks), byte-level, trained from
+scratch on CPU.
 
 The prompt (assignments, query) is non-recurrent (cf 1), the answer digit and EOS
 recurrent (cf 2); the loss is on the answer only; accuracy is exact match of the

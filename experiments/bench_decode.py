@@ -1,5 +1,5 @@
 """Decode speed: T2MLR vs the same model without recurrence, vs the memory floor, vs
-Hugging Face transformers' PyTorch generate (SPEC §8).
+Hugging Face transformers' PyTorch generate (docs/performance.md#cost-model).
 
 Random weights at a named shape (default SmolLM2-135M with T2MLR on layers 13-18),
 fp32 on the CPU, greedy, prompt 128, 128 new tokens. Per-token decode time is

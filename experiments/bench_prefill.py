@@ -1,5 +1,5 @@
 """Exact parallel prefill: Jacobi sweeps until max|ΔR| < tol (capped at T sweeps) vs
-token-by-token exact prefill (SPEC §8).
+token-by-token exact prefill (docs/performance.md#cost-model).
 
 On a trained S5 model (a workdir of the length sweep or the default job), on random
 weights at the same shape with the recurrence switched on (γ = 0.5), and on the same

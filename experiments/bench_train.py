@@ -1,5 +1,5 @@
 """Training-step cost: Jacobi(D_f, D_b) vs the plain model, adaptive Jacobi, memory,
-compile time (SPEC §8); LRT's schedules vs the plain backbone.
+compile time (docs/performance.md#cost-model); LRT's schedules vs the plain backbone.
 
     python experiments/bench_train.py            # writes experiments/results/bench_train.json
     python experiments/bench_train.py --parts step,memory --shape s5

@@ -5,8 +5,8 @@ Two placements of the answer:
   query_at_key  the query key's own position predicts its value (plain associative
                 recall: one induction-style match);
   blank_slot    the query key is followed by a blank slot that predicts the value,
-                as in S5-Retrieval's format (SPEC §5): the slot must first fetch the
-                key from the previous position, then match it.
+                as in S5-Retrieval's format (docs/experiments.md#tasks): the slot must
+                first fetch the key from the previous position, then match it.
 Keys are 6 tokens (|S3|), values 62, as in the default S5 job. Each model trains on
 fresh batches and is scored on 512 held-out sequences.
 

@@ -15,7 +15,7 @@ The response walks the alias chain, one assignment per line, then `### d`; the
 (the recurrence still acts: `###` and the space after it are recurrent positions).
 Held-out prompts (another seed) are answered by greedy generation (exact recurrence,
 prompt non-recurrent as trained) and scored by exact match of the `### <digit>` answer
-(SPEC §5's marker, else the last line), by the last number written (lenient, for the
+(GSM8K-Aug's marker, else the last line), by the last number written (lenient, for the
 zero-shot model's free-form answers) and by whether the alias chain walked is the
 correct one. Writes experiments/results/retrofit_smollm2.json; finished arms in
 --workdir are read back instead of retrained.
@@ -175,8 +175,8 @@ def main():
   _, eval_path = ensure_data(args.workdir, args.steps * 8, args.eval_examples)
   with open(eval_path) as f:
     records = [json.loads(line) for line in f]
-  result = {"model": os.path.basename(gguf_path), "task": "variable_assignment (SPEC §5: 8 "
-            "base, depth 2, 6 distractors) as chat; response = the chain walked + '### d'",
+  result = {"model": os.path.basename(gguf_path), "task": "variable_assignment (8 base, "
+            "depth 2, 6 distractors) as chat; response = the chain walked + '### d'",
             "train_examples": args.steps * 8, "eval_examples": len(records),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
             "command": "python experiments/retrofit_smollm2.py " + " ".join(sys.argv[1:]),

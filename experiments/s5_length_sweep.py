@@ -1,4 +1,5 @@
-"""Length generalisation on S5-style state tracking: T2MLR vs baselines (SPEC §7).
+"""Length generalisation on S5-style state tracking: T2MLR vs baselines
+(docs/experiments.md#published-results).
 
 Trains T2MLR (middle block), T2MLR (all layers), the RoPE transformer, the
 LSTM and LRT (interleaved S = 2, and S = T: exact training) under one budget (same

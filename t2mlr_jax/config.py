@@ -1,11 +1,12 @@
 """Model configuration: frozen, hashable dataclasses validated on construction.
 
 `ModelConfig` describes the backbone (Llama family, with nanochat's options); its
-`recurrence` is one of the recurrence types: `T2MLRConfig` (temporal middle-layer
-recurrence, SPEC §2) or `LRTConfig` (latent recurrent transformer, SPEC §4). All are
-hashable so they can be static arguments of `jax.jit`. `invalid` is the one helper
-every config in the library raises its errors through. Of ours it imports only the
-registry (a leaf), where the recurrence types' config classes are looked up.
+`recurrence` is one of the registered recurrence types (docs/models.md; `registry.py`):
+`T2MLRConfig` (temporal middle-layer recurrence), `LRTConfig` (latent recurrent
+transformer) or a user's. All are hashable so they can be static arguments of
+`jax.jit`. `invalid` is the one helper every config in the library raises its errors
+through. Of ours it imports only the registry (a leaf), where the recurrence types'
+config classes are looked up.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class ScheduleOptions(_Replaceable):
 
 @dataclasses.dataclass(frozen=True)
 class T2MLRConfig(ScheduleOptions):
-  """Temporal middle-layer recurrence (SPEC §2) and its Jacobi defaults (SPEC §3).
+  """Temporal middle-layer recurrence (docs/models.md#t2mlr) and its Jacobi defaults.
 
   l_start/l_end are 0-based and both inclusive; negative values count from the
   end as in Python (l_end=-1 is the last layer). They are resolved against the
@@ -190,8 +191,8 @@ class T2MLRConfig(ScheduleOptions):
 
 @dataclasses.dataclass(frozen=True)
 class LRTConfig(ScheduleOptions):
-  """Latent Recurrent Transformer (SPEC §4): the previous token's normed hidden state
-  m_t fed back into every layer (residual γ_i·m, gated key/value feedback).
+  """Latent Recurrent Transformer (docs/models.md): the previous token's normed hidden
+  state m_t fed back into every layer (residual γ_i·m, gated key/value feedback).
 
   source_layer: -1 = the input of the LM head (the final normed state, as the
   release); k = the parameter-free-normed output of layer k. `residual`, `key`,
@@ -293,7 +294,7 @@ def recurrence_from_dict(d: dict) -> RecurrenceConfig:
   return cls(**d)
 
 
-# Shapes from the models' public config.json files (SPEC §1).
+# Shapes from the models' public config.json files (docs/models.md#backbone-and-presets).
 PRESETS = {
     "smollm2-135m": dict(n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, d_ff=1536,
                          vocab_size=49152, tie_embeddings=True, rope_theta=100000.0,
@@ -505,7 +506,8 @@ class ModelConfig(_Replaceable):
 
   @classmethod
   def preset(cls, name: str, **overrides) -> "ModelConfig":
-    """A named shape from SPEC §1, e.g. `ModelConfig.preset("smollm2-135m", recurrence=...)`."""
+    """A named shape of `PRESETS` (docs/models.md#backbone-and-presets), e.g.
+    `ModelConfig.preset("smollm2-135m", recurrence=...)`."""
     if name not in PRESETS:
       invalid("preset", name, f"one of {sorted(PRESETS)}")
     fields = {**PRESETS[name], **overrides}

@@ -1,4 +1,5 @@
-"""The cost model (SPEC §8): FLOPs of forward passes, train steps and decoding.
+"""The cost model (docs/performance.md#cost-model): FLOPs of forward passes, train steps
+and decoding.
 
 Counts multiply-adds as 2 FLOPs, matmuls only (norms, softmax and elementwise
 work are a few percent at these sizes). Attention over a full sequence counts

@@ -1,6 +1,7 @@
-"""Cross-entropy over supervised positions (SPEC §10): the library's one ignore rule and
-one cross-entropy. A label is supervised iff it is >= 0: any negative label (IGNORE,
-the release's -1) is ignored. Imports nothing of ours (data pipelines use IGNORE)."""
+"""Cross-entropy over supervised positions (docs/models.md#conventions): the library's one
+ignore rule and one cross-entropy. A label is supervised iff it is >= 0: any negative
+label (IGNORE, the release's -1) is ignored. Imports nothing of ours (data pipelines use
+IGNORE)."""
 
 from __future__ import annotations
 

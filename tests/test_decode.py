@@ -134,7 +134,7 @@ def test_bad_generate_arguments(model, kwargs, field):
 
 
 def test_parallel_jacobi_prefill_capped_at_T_equals_exact(model):
-  """Jacobi prefill with T sweeps is exact by construction (SPEC §8)."""
+  """Jacobi prefill with T sweeps is exact by construction (docs/models.md#jacobi)."""
   cfg, params = model
   prompt = random_tokens(cfg, 2, 12, seed=12)
   exact_new, exact_logits = generate(params, cfg, prompt, max_new_tokens=N_NEW,

@@ -5,7 +5,7 @@ import pytest
 from t2mlr_jax.eval import answers as A
 
 
-# --- extract_gsm8k (SPEC §5) ---------------------------------------------------------
+# --- extract_gsm8k (GSM8K-Aug's rule) ------------------------------------------------
 
 @pytest.mark.parametrize("text, want", [
   ("<<2*3=6>>\n<<6+12=18>>\n### 18", "18"),

@@ -1,4 +1,4 @@
-"""Bits per byte: nanochat's rule (SPEC §5)."""
+"""Bits per byte: nanochat's rule (docs/pretraining.md, "Bits per byte")."""
 
 import math
 

@@ -52,7 +52,7 @@ def test_decode_and_mfu():
   per_token = flops.decode_flops_per_token(cfg, context=256)
   assert 2 * 134e6 < per_token < 2 * 150e6          # ~2 FLOPs per parameter + attention
   mixer_share = flops.mixer_flops(cfg, 1) / per_token
-  assert 0.008 < mixer_share < 0.015                 # SPEC §8: ~1-2% of a 135M model
+  assert 0.008 < mixer_share < 0.015                 # ~1-2% of a 135M model (cost model)
   assert flops.mfu(1e12, 1.0) is None or flops.mfu(1e12, 1.0) > 0
 
 

@@ -1,4 +1,5 @@
-"""Our numbers against the official PyTorch release's outputs (../shared/golden)."""
+"""Our numbers against the official PyTorch release's outputs (tests/golden/, described in
+tests/golden/README.md)."""
 
 import json
 import os

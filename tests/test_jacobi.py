@@ -18,9 +18,10 @@ T = 8
 
 
 def reference_logits(params, deltas, cfg, tokens, d_f, d_b, truncate):
-  """SPEC §3 unrolled by hand in Python. Sweep s uses middle/recurrence parameters
-  `params + deltas[s]` (deltas are zeros), so d loss / d deltas[s] is sweep s's share
-  of the gradient. With `truncate`, the cache entering sweep D_f - D_b is detached."""
+  """The Jacobi forward (docs/models.md#jacobi) unrolled by hand in Python. Sweep s uses
+  middle/recurrence parameters `params + deltas[s]` (deltas are zeros), so d loss /
+  d deltas[s] is sweep s's share of the gradient. With `truncate`, the cache entering
+  sweep D_f - D_b is detached."""
   inp = modes.seq_inputs(tokens)
   h = embed(params, cfg, tokens)
   ctx = context(params, cfg, inp, tokens, h)

@@ -1,4 +1,5 @@
-"""The execution modes agree where they must (SPEC §3 exactness, §10 conventions)."""
+"""The execution modes agree where they must (docs/models.md: Jacobi's exactness, control
+flow, conventions)."""
 
 import jax
 import jax.numpy as jnp
@@ -350,9 +351,9 @@ def test_exact_bptt_gradient_matches_finite_differences():
 
 
 def _hand_sweep(params, cfg, tokens, cf, h_lo=None, R=None):
-  """One Jacobi step of SPEC §3 written out: with h_lo=None, the layers below the span and
-  sweep 0 (the plain middle block; its raw output, shifted, is the first cache); else one
-  middle sweep from cache R. Returns (h_lo, next cache)."""
+  """One Jacobi step (docs/models.md#jacobi) written out: with h_lo=None, the layers
+  below the span and sweep 0 (the plain middle block; its raw output, shifted, is the
+  first cache); else one middle sweep from cache R. Returns (h_lo, next cache)."""
   from t2mlr_jax.model import modes
   from t2mlr_jax.model.recurrence import t2mlr as rec
   from t2mlr_jax.model.sequence import context

@@ -1,6 +1,6 @@
-"""Numerics on accelerators (SPEC §9): the recurrence's matmuls run in full fp32 whatever
-the backend's default matmul precision (TPU: bf16 passes, recent GPUs: TF32), and the LM
-head's logits are accumulated and returned in fp32 by a bf16 model.
+"""Numerics on accelerators (docs/design.md#precision): the recurrence's matmuls run in
+full fp32 whatever the backend's default matmul precision (TPU: bf16 passes, recent GPUs:
+TF32), and the LM head's logits are accumulated and returned in fp32 by a bf16 model.
 
 The suite's conftest forces `highest` precision globally, which would hide a missing
 `precision=`: these tests lower the training loss and its gradient under

@@ -1,6 +1,7 @@
-"""LRT's modes agree where they must (SPEC §4): interleaved with S = T is the true
-recurrence, merged logits are exact before S, identity init is the base transformer,
-generate follows the exact recurrence, padding and packing reset the memory."""
+"""LRT's modes agree where they must (docs/models.md, "LRT"): interleaved with S = T is
+the true recurrence, merged logits are exact before S, identity init is the base
+transformer, generate follows the exact recurrence, padding and packing reset the
+memory."""
 
 import jax
 import numpy as np

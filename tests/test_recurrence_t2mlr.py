@@ -1,4 +1,5 @@
-"""The T2MLR fusion and cache update at initialisation and against SPEC §2 by hand."""
+"""The T2MLR fusion and cache update at initialisation and against docs/models.md#t2mlr by
+hand."""
 
 import jax
 import jax.numpy as jnp

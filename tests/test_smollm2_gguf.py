@@ -67,7 +67,7 @@ def test_tokenizer_and_logits_match_transformers(models):
 
 def test_greedy_chat_answers_match_token_for_token(models):
   """Identical greedy tokens up to the first step whose top-2 margin is within the
-  tolerance (SPEC §10: a near-tie may flip either way)."""
+  tolerance (a near-tie may flip either way: docs/models.md#conventions)."""
   import torch
 
   from t2mlr_jax import generate

@@ -1,8 +1,8 @@
 """Zero-shot multiple-choice data (ARC, HellaSwag, PIQA) in lm-evaluation-harness's conventions.
 
-SPEC §5 compares T2MLR and the baseline transformer on zero-shot multiple
-choice the way lm-evaluation-harness does: each choice is scored by
-sum log p(" " + choice | context); acc takes the argmax, acc_norm the argmax
+The T2MLR paper compares T2MLR and the baseline transformer on zero-shot multiple
+choice the way lm-evaluation-harness does (docs/experiments.md#tasks): each choice is
+scored by sum log p(" " + choice | context); acc takes the argmax, acc_norm the argmax
 of that score divided by the choice's character length. Reproducing the
 published numbers needs lm-eval's exact contexts and choice strings, so the
 readers below rebuild them from the datasets' local JSONL files. Pure Python

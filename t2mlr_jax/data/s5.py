@@ -1,11 +1,11 @@
 """S5-Retrieval and the S5 word problem: the official vocabulary, generators, a Grain source.
 
-S5-Retrieval (SPEC §5) tests state tracking and retrieval together: a shuffled
-dictionary maps action tokens (permutations of 5 points) to random character
+S5-Retrieval (docs/experiments.md#tasks) tests state tracking and retrieval together: a
+shuffled dictionary maps action tokens (permutations of 5 points) to random character
 strings, then a stream of actions follows, each with v blank slots. At an
 action the model must emit the running permutation product; at the slots it
 must copy the dictionary value keyed by that action. Transformers fail at long
-lengths, LSTMs fail at retrieval (SPEC §7) — hence the task.
+lengths, LSTMs fail at retrieval (the T2MLR paper) — hence the task.
 
 Everything here is pure numpy (no jax, no model imports) and deterministic
 from a seed. Token ids follow the official 188-token vocabulary exactly:
@@ -163,7 +163,7 @@ GROUPS = ("S5", "S4", "A4", "S3", "Z2")
 
 
 def compose(state: Sequence[int], action: Sequence[int]) -> tuple[int, ...]:
-  """The state after `action`: new[i] = state[action[i] - 1] (SPEC §5)."""
+  """The state after `action`: new[i] = state[action[i] - 1]."""
   if len(state) != len(action):
     raise ValueError(f"state and action lengths differ: {len(state)} vs {len(action)}")
   return tuple(int(state[int(a) - 1]) for a in action)
@@ -615,7 +615,7 @@ def pad_batch(examples: Sequence[Mapping[str, Any]], seq_len: int,
   """Right-pad examples into int32 [B, seq_len] arrays; never truncates.
 
   input_ids pad with `pad_id`, target_ids with IGNORE_ID (-100), control_flow
-  with 0 (SPEC §10: cf 0 = padding). An example longer than seq_len is an error.
+  with 0 (cf 0 = padding). An example longer than seq_len is an error.
   """
   if len(examples) == 0:
     raise ValueError("examples is empty: allowed a non-empty sequence of examples")

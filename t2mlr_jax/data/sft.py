@@ -3,8 +3,8 @@ files or prepared TensorFlow Datasets (`tfds:NAME:SPLIT`).
 
 A record becomes one example: the prompt is non-recurrent (cf 1), the response
 and its EOS recurrent (cf 2), and only the response (with EOS) is supervised
-(next-token targets). GSM8K-Aug (SPEC §5): {question, steps, answer} with
-response = steps joined by newlines + "\\n### " + answer, prompt = question +
+(next-token targets). GSM8K-Aug (docs/experiments.md#tasks): {question, steps, answer}
+with response = steps joined by newlines + "\\n### " + answer, prompt = question +
 "\\n\\n", or the tokenizer's chat template with the question as the user turn.
 
 Packing puts several examples in one row: per-segment position ids restart at

@@ -1,4 +1,5 @@
-"""Variable Assignment (SPEC §5): resolve a query variable through a chain of aliases.
+"""Variable Assignment (docs/experiments.md#tasks): resolve a query variable through a
+chain of aliases.
 
 A prompt lists shuffled assignment lines — base variables holding digits
 (`x=7`) and aliases (`q=x`) — and asks for the value of a query variable; the
@@ -23,8 +24,8 @@ a-z.
 
 Prompt (exact): "Variable assignment. Follow the assignments and fill in the
 blank.\\n" + lines joined by "\\n" + "\\n<query>=___\\nAnswer: |". The public
-reference generator ends it with "Answer: | " (a trailing space); SPEC §5 and
-this module do not.
+reference generator ends it with "Answer: | " (a trailing space);
+docs/experiments.md#tasks and this module do not.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def generate_example(seed: SeedLike, *, num_base: int = 8, depth: int = 2,
 def tokenize_example(example: dict, tokenizer=None) -> dict[str, np.ndarray]:
   """<bos> prompt answer <eos> as ids with next-token targets on the answer and EOS only.
 
-  control_flow: prompt 1 (non-recurrent), answer and EOS 2 (SPEC §5); padding
+  control_flow: prompt 1 (non-recurrent), answer and EOS 2; padding
   positions are added later. target_ids[t] is the id that position t predicts
   (-100 where not supervised): the last prompt position predicts the answer.
   """
@@ -228,7 +229,7 @@ def chain_correct(prompt: str, completion: str) -> bool:
 
 def sft_record(example: dict, *, steps: bool = True) -> dict[str, str]:
   """{prompt, response} for SFT (`data.task="sft"`): the response walks the chain one
-  assignment per line, then `### <digit>` (SPEC §5's answer marker); steps=False gives
+  assignment per line, then `### <digit>` (GSM8K-Aug's answer marker); steps=False gives
   `### <digit>` alone. With the prompt non-recurrent (cf 1) and a one-token answer the
   recurrence could not act on the answer; the walk gives it response tokens to act on."""
   walk = chain_lines(example["lines"], example["query"]) if steps else []

@@ -1,14 +1,14 @@
 """Answer extraction and scoring for the math benchmarks (GSM8K-Aug, GSM8K, MATH500).
 
-SPEC §5 scores GSM8K-Aug by the text after the last `####`/`###` marker (else
-the last line) and asks for lm-evaluation-harness's two GSM8K extractions
-(strict `#### N`, flexible "last number") and `\\boxed{}` extraction for
-MATH500 alongside it. All of that is string processing, so this module is pure
+The T2MLR paper scores GSM8K-Aug by the text after the last `####`/`###` marker (else
+the last line); beside it we report lm-evaluation-harness's two GSM8K extractions
+(strict `#### N`, flexible "last number") and `\\boxed{}` extraction for MATH500
+(docs/experiments.md#tasks). All of that is string processing, so this module is pure
 Python (no jax, no numpy) and can score generations produced anywhere.
 
 Conventions, and where they come from:
 
-* `extract_gsm8k` — SPEC §5. A marker is a run of three or more '#', so `####`
+* `extract_gsm8k` — GSM8K-Aug's rule. A marker is a run of three or more '#', so `####`
   is one marker, never `###` + `#`. The answer is the first non-empty line of
   the text after the last marker **[ours: the first line, so that text the
   model appends after its answer line does not spoil the match]**, else the
@@ -42,7 +42,7 @@ Conventions, and where they come from:
   boxed answer of the prediction and of the gold (or the gold as given when it
   has no box), plus **[ours]** a numeric fallback: both plain numbers (commas
   only in thousands positions) within 1e-6.
-  A prediction without a box scores False (SPEC: `\\boxed{}` extraction).
+  A prediction without a box scores False (MATH500 is scored by `\\boxed{}` extraction).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _clean_number(s: str) -> str | None:
 
 
 def extract_gsm8k(text: str) -> str | None:
-  """The SPEC §5 GSM8K-Aug answer: after the last `###`/`####`, else the last line.
+  """The GSM8K-Aug answer: after the last `###`/`####`, else the last line.
 
   "steps\\n#### 1,234." -> "1234"; "x ### 7 ### 8" -> "8"; "a\\nb = 5\\n" -> "b = 5"
   (no marker: the whole last non-empty line). None when nothing is left.

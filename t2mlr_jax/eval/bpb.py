@@ -1,7 +1,8 @@
-"""Bits per byte (SPEC §5, nanochat's rule): Σ CE in nats over the predicted tokens that
-have at least one UTF-8 byte / (ln 2 · Σ their UTF-8 bytes). Special tokens (0 bytes)
-leave both sums, so the number does not depend on the tokenizer and compares with the
-LRT paper's. Accumulate `bpb_sums` over held-out batches, then `bits_per_byte`."""
+"""Bits per byte (nanochat's rule, docs/pretraining.md): Σ CE in nats over the predicted
+tokens that have at least one UTF-8 byte / (ln 2 · Σ their UTF-8 bytes). Special tokens
+(0 bytes) leave both sums, so the number does not depend on the tokenizer and compares
+with the LRT paper's. Accumulate `bpb_sums` over held-out batches, then
+`bits_per_byte`."""
 
 from __future__ import annotations
 

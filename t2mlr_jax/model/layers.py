@@ -32,7 +32,8 @@ def compute_dtype(cfg: ModelConfig):
 
 def matmul_fp32(a, b, scope: str):
   """a @ b with fp32 operands, fp32 accumulation and full precision on every backend
-  (TPU's default is bf16 passes, recent GPUs' TF32): the recurrence's matmuls (SPEC §9).
+  (TPU's default is bf16 passes, recent GPUs' TF32): the recurrence's matmuls
+  (docs/design.md#precision).
   `scope` names the op in the HLO metadata (jax.named_scope), where tests find it."""
   with jax.named_scope(scope):
     return jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32),

@@ -1,4 +1,5 @@
-"""An LSTM language model: the recurrent baseline of the S5 experiments (SPEC §6).
+"""An LSTM language model: the recurrent baseline of the S5 experiments (docs/training.md,
+"Recipes of the official runs").
 
 Multi-layer LSTM with tied (or untied) embeddings; each layer's input
 projection is one matmul over the whole sequence and only the recurrent

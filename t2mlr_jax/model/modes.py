@@ -1,5 +1,5 @@
-"""One parameter set, several ways to run it (SPEC §3, §4, §10), for every recurrence
-type, all by name (`forward(..., mode=...)`):
+"""One parameter set, several ways to run it (docs/models.md, "Execution modes"), for
+every recurrence type, all by name (`forward(..., mode=...)`):
 
 - `parallel`:    every position at once with no memory (T2MLR: the plain transformer;
                  LRT: the release's full pass, m = 0).
@@ -89,7 +89,7 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
 
   A prefix where every row is non-recurrent (cf <= 1: SFT and chat prompts, left
   padding) reads no memory, so its recurrent-block outputs and keys/values are those of
-  one parallel pass (SPEC §3): the token-by-token loop takes them instead of running the
+  one parallel pass: the token-by-token loop takes them instead of running the
   block there (`lax.cond` per step; the parallel pass runs only when such a prefix
   exists). The state each prefix position leaves is computed as usual."""
   B, T = tokens_BT.shape

@@ -146,7 +146,8 @@ def _unreadable(workdir, step, ckpt, error) -> ValueError:
 
 
 def _step_flops(cfg, t, mode):
-  """Model FLOPs of one train step (SPEC §8 cost model; fixed sweeps), 0 if unknown."""
+  """Model FLOPs of one train step (docs/performance.md#cost-model; fixed sweeps), 0 if
+  unknown."""
   from t2mlr_jax.config import ModelConfig
   if not isinstance(cfg, ModelConfig):
     return 0.0

@@ -1,6 +1,6 @@
-"""Optimizers (SPEC §6): AdamW or Muon, both with linear warm-up + cosine to a minimum LR,
-grad-norm clipping and an LR multiplier for the recurrence's parameters (×100 when
-fine-tuning a pretrained model).
+"""Optimizers (docs/training.md): AdamW or Muon, both with linear warm-up + cosine to a
+minimum LR, grad-norm clipping and an LR multiplier for the recurrence's parameters (×100
+when fine-tuning a pretrained model).
 
 - `adamw`: one AdamW over every leaf; no weight decay on the leaves the backbone
   (`transformer.NO_DECAY`: norm scales, biases, α / β) and the model's recurrence type

@@ -1,5 +1,5 @@
-"""LRT's temporal pathway (SPEC §4, golden/README.md): the previous token's normed hidden
-state m_t fed back into every layer.
+"""LRT's temporal pathway (docs/models.md, "LRT"; tests/golden/README.md): the previous
+token's normed hidden state m_t fed back into every layer.
 
 Before block i: x ← x + γ_i·m (after the backbone's α_i·x + β_i·x0). Inside block i,
 with a = norm(x): a triple gate g = 2σ(a[:C] W_g,i), one scalar per KV head split

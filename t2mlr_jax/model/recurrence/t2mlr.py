@@ -1,6 +1,6 @@
 """T2MLR's temporal pathway: what the recurrence reads, how it enters, what it carries.
 
-T2MLR (SPEC §2): the cache R_t (built at position t-1 from the output of layer
+T2MLR (docs/models.md#t2mlr): the cache R_t (built at position t-1 from the output of layer
 l_end) is fused into the residual stream entering layer l_start,
 
     r = W_rec R;  g = [h, r];  Φ(h, R) = h + tanh(γ_rec) σ(f_rec g) ⊙ r + tanh(γ_cur) σ(f_cur g) ⊙ h

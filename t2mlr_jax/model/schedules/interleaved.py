@@ -1,6 +1,6 @@
-"""The refinement-pass schedules: interleaved (SPEC §4; golden/README.md "Interleaved
-training", LRT's own) and chunked (the LRT paper's baseline; its semantics are ours), for
-any recurrence type.
+"""The refinement-pass schedules: interleaved (docs/lrt_training.md; tests/golden/README.md
+"Interleaved training", LRT's own) and chunked (the LRT paper's baseline; its semantics
+are ours), for any recurrence type.
 
 Pass 0 runs every position with every state zero and keeps, per layer, the keys (after
 RoPE and QK-norm, and any mixing the type does) and values of the whole sequence. Pass
@@ -137,7 +137,7 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
 
 def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int,
                 kv_refresh: bool) -> ModeOut:
-  """The interleaved schedule (SPEC §4): pass p runs t ≡ p−1 (mod S)."""
+  """The interleaved schedule (docs/lrt_training.md): pass p runs t ≡ p−1 (mod S)."""
   sets = pass_positions(tokens_BT.shape[1], passes, "interleaved")
   return refine_in_passes(params, cfg, tokens_BT, inp, sets, kv_refresh)
 

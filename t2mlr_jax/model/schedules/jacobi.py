@@ -1,5 +1,5 @@
-"""The Jacobi schedule (SPEC §3): every position's state refined in parallel sweeps of the
-recurrent span until it is the fixed point the exact recurrence reaches.
+"""The Jacobi schedule (docs/models.md#jacobi): every position's state refined in parallel
+sweeps of the recurrent span until it is the fixed point the exact recurrence reaches.
 
 Sweep 0 gives a first guess (the type's `plain_state` hook: T2MLR's raw span output, as
 the release; declined: the span run from zero state); then D_f − 1 sweeps, each running
