@@ -151,6 +151,8 @@ class Schedule:
   passes' losses are weighted, for a schedule whose aux returns `pass_logits`.
   token_totals(labels, options) -> [n]: the supervised-token counts each pass's mean
   divides by (gradient accumulation sums parts of a batch against them); None: [1].
+  prefill(params, cfg, tokens, inp, tol, last_only) -> ModeOut: the exact prompt states
+  computed in parallel, for `generate(prefill=name)`.
   """
   name: str                    # what `mode=` and train.mode call it
   run: Callable                # (params, cfg, tokens, inp, options, hidden) -> ModeOut
@@ -161,6 +163,7 @@ class Schedule:
   sweeps_metric: Optional[str] = None        # aux metric: sweeps a step ran
   pass_loss: Optional[Callable] = None       # weighting of its passes' losses
   token_totals: Optional[Callable] = None    # per-pass supervised-token counts
+  prefill: Optional[Callable] = None         # a parallel exact prefill, generate(prefill=)
   source: str = ""             # the module that registered it
 
 

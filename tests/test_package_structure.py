@@ -91,3 +91,38 @@ def test_no_branch_on_the_recurrence_type_outside_its_own_places():
       if isinstance(node, ast.Compare):
         text = ast.unparse(node)
         assert "recurrence.type ==" not in text and '"gamma_rec" in' not in text, name
+
+
+def test_no_package_module_names_a_registered_entry_outside_its_own_files():
+  """A registered recurrence type or schedule is named (as a string) only in the file
+  that registers it and in the places that own its parts: config.py (the built-in
+  types' config classes, with their default schedules) and the converters of official
+  checkpoints. Everything else reads the registries. ("none", the entry of the model
+  without a recurrence, is also an ordinary word for other options and is left out.)"""
+  from t2mlr_jax import registry
+  owners = {}
+  for entry in (*registry.RECURRENCES.values(), *registry.SCHEDULES.values()):
+    owners.setdefault(entry.name, set()).add(entry.source)
+  owners.pop("none", None)
+  allowed = ("t2mlr_jax.config", "t2mlr_jax.convert.")
+  for name, path in _modules().items():
+    if name.startswith(allowed):
+      continue
+    for node in ast.walk(ast.parse(open(path).read())):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        assert name in owners.get(node.value, {name}), (
+            f"{name}:{node.lineno} names the registered entry {node.value!r}")
+
+
+def test_no_citation_of_documents_outside_the_repository():
+  """What the code relies on is in docs/; nothing cites a design document or a folder
+  beside the repository."""
+  root = os.path.dirname(PACKAGE)
+  patterns = ("SPEC" + " §", "SPEC" + ".md", ".." + "/shared")
+  for folder, dirs, files in os.walk(root):
+    dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("workdirs", "build")]
+    for f in files:
+      if f.endswith((".py", ".md", ".ipynb", ".txt", ".toml", ".cfg", ".ini")) or f == "run":
+        text = open(os.path.join(folder, f), encoding="utf-8", errors="replace").read()
+        for p in patterns:
+          assert p not in text, f"{os.path.join(folder, f)} cites {p!r}"

@@ -23,13 +23,16 @@ from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
 from t2mlr_jax.model.layers import KV, attention_mask, rope_tables, to_cache
 from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, parallel
-from t2mlr_jax.model.schedules.jacobi import jacobi_prefill
 from t2mlr_jax.model.sequence import side_inputs
 from t2mlr_jax.model.span import run_span
 from t2mlr_jax.model.transformer import (LayerCtx, embed, head, run_layers, split_layers,
                                         value_embed_inputs)
+from t2mlr_jax.registry import SCHEDULES
 
-PREFILLS = ("exact", "jacobi")
+def prefill_methods() -> tuple[str, ...]:
+  """How a prompt can be prefilled: "exact", and each schedule that declares a parallel
+  `prefill` (jacobi: sweeps to the fixed point)."""
+  return ("exact", *(s.name for s in SCHEDULES.values() if s.prefill is not None))
 
 
 class DecodeState(NamedTuple):
@@ -51,7 +54,8 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
   """
   B, T = tokens_BT.shape
   if cfg.recurrence is not None and recurrent_prompt:
-    run = exact if method == "exact" else functools.partial(jacobi_prefill, tol=tol)
+    run = exact if method == "exact" else functools.partial(SCHEDULES.get(method).prefill,
+                                                            tol=tol)
   else:
     run = parallel
   logits, _, kvs, R = run(params, cfg, tokens_BT, inp, last_only=True)
@@ -226,8 +230,8 @@ def _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top
                      pad_id=None):
   """Validate generate()/stream() arguments; returns (lengths [B], prompt cf [B, P],
   recurrent_prompt)."""
-  if prefill not in PREFILLS:
-    raise ValueError(f"prefill={prefill!r} is invalid: allowed one of {PREFILLS}")
+  if prefill not in prefill_methods():
+    raise ValueError(f"prefill={prefill!r} is invalid: allowed one of {prefill_methods()}")
   if prefill_tol is not None and not prefill_tol > 0:
     raise ValueError(f"prefill_tol={prefill_tol!r} is invalid: allowed None or > 0")
   check_tokens(cfg, prompt_tokens, "prompt_tokens")

@@ -313,13 +313,14 @@ def validate(config):
   rec = getattr(cfg, "recurrence", None)
   if mode == "exact" and rec is not None:
     _warn_exact_memory(cfg, t.batch_size, t.seq_len)
-  if mode in ("interleaved", "chunked") and not rec.passes <= t.seq_len:
-    _fail("model.recurrence.passes", rec.passes, f"1 <= passes <= train.seq_len={t.seq_len}")
-  if mode in ("interleaved", "chunked") and rec.kv_refresh:
+  if rec is not None:
+    # the schedule's options at the training length (passes <= seq_len, kv_refresh only
+    # for a type with the hook, ...), checked before anything is compiled
     try:
       mode_options(cfg, mode, t.seq_len)
     except ValueError as e:
-      raise ValueError(f"config field model.recurrence.{e}") from None
+      raise ValueError(f"config field model.recurrence.{e}".replace(
+          "T=", "train.seq_len=")) from None
   chunk = t.get("loss_chunk")
   if chunk is not None:
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:

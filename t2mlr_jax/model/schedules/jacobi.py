@@ -198,4 +198,5 @@ def flops(costs, options: dict, sweeps: Optional[int]) -> tuple[float, float]:
 
 SCHEDULE = SCHEDULES.register(Schedule(
     name="jacobi", run=run, flops=flops, options=OPTIONS, hidden=True,
-    check_options=check_depths, sweeps_metric="jacobi_sweeps", source=__name__))
+    check_options=check_depths, sweeps_metric="jacobi_sweeps", prefill=jacobi_prefill,
+    source=__name__))
