@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
-import time
 
 # several compiling processes may load libtpu at once (it locks /tmp/libtpu_lockfile)
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -434,7 +434,7 @@ class ModelConfig(_Replaceable):
     if self.recurrence is not None:
       if not isinstance(self.recurrence, tuple(RECURRENCE_CONFIGS.values())):
         invalid("recurrence", self.recurrence, "None, a T2MLRConfig or an LRTConfig")
-      self.recurrent_block  # validates the type's layers against the model
+      _ = self.recurrent_block  # validates the type's layers against the model
 
   def _check_windows(self):
     if self.window_pattern is None:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from typing import Optional
 

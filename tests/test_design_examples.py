@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t2mlr_jax import ModelConfig, config, forward, generate, init_params
+from t2mlr_jax import config, forward, generate, init_params
 from t2mlr_jax.model import recurrence, schedules
 from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
 from t2mlr_jax.model.schedules import Schedule

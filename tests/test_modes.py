@@ -362,7 +362,7 @@ def _hand_sweep(params, cfg, tokens, cf, h_lo=None, R=None):
   x0 = embed(params, cfg, tokens)
   ctx = context(params, cfg, inp, tokens, x0)
   (_, lo, hi), = [s for s in cfg.segments if s[0] == "middle"]
-  p_mid, p_rec = segment_params(params, lo, hi), params["recurrence"]
+  p_mid = segment_params(params, lo, hi)
   if h_lo is None:
     h_lo = run_layers(segment_params(params, 0, lo), cfg, x0, ctx, 0)[0] if lo else x0
     o = run_layers(p_mid, cfg, h_lo, ctx, lo)[0]

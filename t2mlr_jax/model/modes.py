@@ -43,14 +43,6 @@ __all__ = ["MODES", "MODE_OPTIONS", "HIDDEN_MODES", "ModeOut", "SeqInputs",
 # ---------------------------------------------------------------------- parallel
 
 
-def _logits(params, cfg: ModelConfig, y_BTD, last_only: bool, hidden: bool = False):
-  """The LM head over every position, or only the last (prefill: [B, 1, V]); with
-  `hidden`, the last layer's output itself (a chunked loss applies the head piecewise)."""
-  if hidden:
-    return y_BTD
-  return head(params, cfg, y_BTD[:, -1:] if last_only else y_BTD)
-
-
 def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool = False,
              hidden: bool = False):
   """Every position at once with no memory; also the per-segment KVs and the state the
