@@ -175,8 +175,7 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
   from t2mlr_jax.model import kernels
   from t2mlr_jax.train import config as config_lib
   from t2mlr_jax.train.optimizer import make_optimizer
-  from t2mlr_jax.train.step import (abstract_state, check_batch, make_train_step,
-                                    state_shardings)
+  from t2mlr_jax.train.step import abstract_state, check_batch, make_train_step, state_shardings
   bad = [s for s in steps if s not in STEPS]
   if bad or not steps:
     _fail("--steps", ",".join(steps), f"a comma-separated subset of {STEPS}")

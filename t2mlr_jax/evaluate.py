@@ -143,8 +143,7 @@ def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, ch
   """Score a model (export, HF directory or workdir) on a downstream task: generation
   tasks (GSM8K-style `###` answers) by greedy decoding, multiple-choice tasks by the
   summed log-likelihood of each choice. Returns the task's metrics dict."""
-  from t2mlr_jax.data import multiple_choice as mc
-  from t2mlr_jax.data import sft
+  from t2mlr_jax.data import multiple_choice as mc, sft
   from t2mlr_jax.data.tokenizer import load_tokenizer
   from t2mlr_jax.eval import downstream
   tokenizer = load_tokenizer(tokenizer_dir or model)

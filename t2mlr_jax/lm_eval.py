@@ -48,9 +48,8 @@ import logging
 import sys
 from typing import Optional
 
-import numpy as np
-
 import lm_eval.models  # noqa: F401  (lm-eval's own models, registered before ours)
+import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
@@ -412,8 +411,8 @@ class T2MLRLM(TemplateLM):
 
   def _generate(self, contexts: list[str], gen_kwargs: dict) -> list[str]:
     import jax
-
     from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
+
     from t2mlr_jax.model.decode import stream
     unknown = sorted(set(gen_kwargs) - set(GEN_KWARGS) - {"max_new_tokens", "max_tokens",
                                                           "max_completion_tokens"})

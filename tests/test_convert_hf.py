@@ -208,6 +208,7 @@ def test_models_a_llama_config_cannot_hold_are_refused(tmp_path):
 
 def test_a_context_longer_than_the_pretrained_one_is_logged(tmp_path, caplog):
   import logging
+
   from t2mlr_jax.convert.pretrained import pretrained_config
   (tmp_path / "config.json").write_text(json.dumps(dict(
       architectures=["LlamaForCausalLM"], hidden_size=32, num_attention_heads=2,

@@ -21,6 +21,7 @@ from t2mlr_jax.model.schedules import Schedule
 from t2mlr_jax.model.sequence import ModeOut, context, logits, run_segment, segments
 from t2mlr_jax.model.span import previous_states, run_span, zero_states
 from t2mlr_jax.model.transformer import embed
+
 from _util import max_abs, random_tokens, tiny_cfg
 
 DESIGN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",

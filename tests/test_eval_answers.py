@@ -4,7 +4,6 @@ import pytest
 
 from t2mlr_jax.eval import answers as A
 
-
 # --- extract_gsm8k (SPEC §5) ---------------------------------------------------------
 
 @pytest.mark.parametrize("text, want", [

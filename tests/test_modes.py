@@ -7,6 +7,7 @@ import pytest
 
 from t2mlr_jax import T2MLRConfig, forward, init_params
 from t2mlr_jax.losses import cross_entropy, next_token_labels
+
 from _util import active_params, max_abs, random_tokens, tiny_cfg
 
 B, T = 3, 12
@@ -228,6 +229,7 @@ def test_exact_takes_a_non_recurrent_prefix_from_one_parallel_pass(kind):
   into one parallel pass) equals the same rows batched with an all-recurrent row (no
   prefix to collapse: every position runs token by token); state and KVs too."""
   from t2mlr_jax.model import modes as m
+
   from test_recurrence_lrt import active as lrt_active, lrt_cfg
   if kind == "t2mlr":
     cfg = tiny_cfg()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from t2mlr_jax import LRTConfig, ModelConfig, forward, init_params, loss
+
 from _util import active_params, max_abs, random_tokens, tiny_cfg
 
 T = 6

@@ -151,6 +151,7 @@ def base_params_from_state_dict(sd: Mapping[str, Any], cfg: ModelConfig,
 def check_shapes(params, cfg: ModelConfig):
   """Every base weight has the shape cfg implies (clear error instead of wrong numbers)."""
   import jax
+
   from t2mlr_jax.model.transformer import init_params
   expected = jax.eval_shape(lambda: init_params(cfg.replace(recurrence=None),
                                                 jax.random.PRNGKey(0)))
@@ -192,6 +193,7 @@ _IGNORED = ("rotary_emb.inv_freq",)
 def _read_safetensors(path: str) -> dict:
   """All tensors of one .safetensors file as float32/int numpy arrays (bf16 included)."""
   import os
+
   from safetensors import safe_open
   if not os.path.isfile(path):
     raise ValueError(f"weights file {path!r} is missing")

@@ -64,8 +64,8 @@ def file_sha256(path: str) -> str:
 
 def hf_lm_tokenizer(path: str) -> LMTokenizer:
   """A byte-level BPE `tokenizer.json` (directory or file) for language modelling."""
-  from t2mlr_jax.data.tokenizer import load_tokenizer
   from t2mlr_jax.data.token_bytes import hf_token_lengths
+  from t2mlr_jax.data.tokenizer import load_tokenizer
   directory = os.path.dirname(path) if os.path.isfile(path) else path
   if not os.path.isfile(os.path.join(directory, "tokenizer.json")):
     raise ValueError(f"tokenizer {path!r}: no tokenizer.json there (allowed: 'byte', a "

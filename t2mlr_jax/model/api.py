@@ -10,11 +10,14 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.losses import (chunked_cross_entropy, cross_entropy, next_token_labels,
-                              supervised)
+from t2mlr_jax.losses import chunked_cross_entropy, cross_entropy, next_token_labels, supervised
 from t2mlr_jax.model import lstm
-from t2mlr_jax.model.modes import HIDDEN_MODES, forward, hidden_states
-from t2mlr_jax.model.modes import mode_options as resolve_mode_options
+from t2mlr_jax.model.modes import (
+  HIDDEN_MODES,
+  forward,
+  hidden_states,
+  mode_options as resolve_mode_options,
+)
 from t2mlr_jax.model.schedules.interleaved import pass_positions
 from t2mlr_jax.model.transformer import head, init_params
 

@@ -26,8 +26,14 @@ from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, parallel
 from t2mlr_jax.model.schedules.jacobi import jacobi_prefill
 from t2mlr_jax.model.sequence import side_inputs
 from t2mlr_jax.model.span import run_span
-from t2mlr_jax.model.transformer import (LayerCtx, embed, head, run_layers, split_layers,
-                                        value_embed_inputs)
+from t2mlr_jax.model.transformer import (
+  LayerCtx,
+  embed,
+  head,
+  run_layers,
+  split_layers,
+  value_embed_inputs,
+)
 
 PREFILLS = ("exact", "jacobi")
 

@@ -12,8 +12,7 @@ from typing import Any, Union
 
 from ml_collections import config_dict
 
-from t2mlr_jax.config import (RECURRENCE_CONFIGS, ModelConfig, invalid,
-                              recurrence_from_dict)
+from t2mlr_jax.config import RECURRENCE_CONFIGS, ModelConfig, invalid, recurrence_from_dict
 from t2mlr_jax.model.lstm import LSTMConfig
 from t2mlr_jax.model.modes import HIDDEN_MODES, MODES, mode_options
 from t2mlr_jax.train.optimizer import OPTIMIZERS
@@ -354,6 +353,7 @@ def _warn_exact_memory(cfg, batch_size: int, seq_len: int) -> None:
   """train.mode="exact" backpropagates through T token steps, each keeping the recurrent
   block's whole KV cache: memory quadratic in T. Warn with the estimate when it is large."""
   from absl import logging
+
   from t2mlr_jax.flops import exact_bptt_bytes
   need = exact_bptt_bytes(cfg, batch_size, seq_len)
   if need > EXACT_BPTT_WARN_BYTES:

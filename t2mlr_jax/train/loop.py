@@ -19,15 +19,18 @@ import jax
 import numpy as np
 from absl import logging
 
-from t2mlr_jax import checkpoint as ckpt_lib
-from t2mlr_jax import distributed, flops, paths, sharding
+from t2mlr_jax import checkpoint as ckpt_lib, distributed, flops, paths, sharding
 from t2mlr_jax.data.pipeline import make_iterator
-from t2mlr_jax.train import config as config_lib
-from t2mlr_jax.train import tasks as tasks_lib
+from t2mlr_jax.train import config as config_lib, tasks as tasks_lib
 from t2mlr_jax.train.metrics import MetricsWriter, Progress
 from t2mlr_jax.train.optimizer import make_optimizer
-from t2mlr_jax.train.step import (abstract_state, check_batch, create_state, make_train_step,
-                                  state_shardings)
+from t2mlr_jax.train.step import (
+  abstract_state,
+  check_batch,
+  create_state,
+  make_train_step,
+  state_shardings,
+)
 
 
 class NonFiniteLossError(RuntimeError):

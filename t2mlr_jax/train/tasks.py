@@ -13,6 +13,7 @@ from t2mlr_jax.config import invalid
 from t2mlr_jax.data import pipeline, s5, sft, variable_assignment
 from t2mlr_jax.eval.s5 import S5Metrics
 from t2mlr_jax.eval.sequence import SequenceMetrics
+
 EVAL_SEED_OFFSET = 1_000_003      # eval examples never share seeds with training ones
 
 
