@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import jax
 import optax
+from optax import contrib
 
 NO_DECAY_LEAVES = ("scale", "bias", "gamma_rec", "gamma_cur")
 OPTIMIZERS = ("adamw", "muon")
@@ -88,7 +89,6 @@ def make_schedule(opt_config, num_steps: int, peak=None) -> optax.Schedule:
 
 def _muon(opt_config, num_steps: int, d_model):
   """(multi_transform over MUON_GROUPS, the matrices' schedule)."""
-  from optax import contrib
   o = opt_config
   scale = (d_model / 768) ** -0.5 if (o.dmodel_lr_scale and d_model) else 1.0
   sched = lambda lr: make_schedule(o, num_steps, peak=lr)
