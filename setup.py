@@ -30,7 +30,8 @@ setup(
         "matplotlib>=3.8,<4",
     ],
     extras_require={
-        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "torch==2.13.0", "transformers>=4.57,<6", "accelerate>=1.0,<2"],
+        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "torch==2.13.0", "transformers>=4.57,<6", "accelerate>=1.0,<2",
+                 "ruff==0.17.6"],
         "tpu": ["jax[tpu]>=0.7,<0.12"],
         # lm-evaluation-harness: python -m t2mlr_jax.lm_eval (docs/evaluation.md)
         "eval": ["lm-eval==0.4.13"],

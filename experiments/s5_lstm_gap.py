@@ -145,7 +145,7 @@ def table() -> str:
            "|---|---|---|---|---|---|---|" + "---|" * len(lengths) + "---|---|---|---|"]
   arm_order, variant_order = {a: i for i, a in enumerate(ARMS)}, {
       v or "v1": i for i, v in enumerate(VARIANTS)}
-  for name, r in sorted(runs.items(), key=lambda kv: (
+  for _, r in sorted(runs.items(), key=lambda kv: (
       variant_order[kv[1]["variant"] or "v1"], arm_order[kv[1]["arm"]], kv[1]["seed"])):
     accs = " | ".join(f"{r['seq_acc_by_length'].get(n, float('nan')):.2f}" for n in lengths)
     group = r.get("group", "S3")                  # records before the S4 variants: S3

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "configs"))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 from bench_common import apply_overrides, git_commit  # noqa: E402
+
 RESULTS = os.path.join(ROOT, "experiments", "results")
 
 # task -> (config variant, {run: (config module, lm variant, overrides)})

@@ -193,8 +193,9 @@ def main():
   if os.path.exists(OUT):
     with open(OUT) as f:
       results = json.load(f)
-  import jax
   from importlib import metadata
+
+  import jax
   results["host"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
                      "jax": jax.__version__, "libtpu": metadata.version("libtpu")}
   for name in names:

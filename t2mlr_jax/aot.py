@@ -22,6 +22,12 @@ import numpy as np
 
 from t2mlr_jax import flops, sharding, topologies
 from t2mlr_jax.config import PRESETS, ModelConfig
+from t2mlr_jax.convert.pretrained import pretrained_config
+from t2mlr_jax.eval import bpb, runner
+from t2mlr_jax.model import decode, kernels
+from t2mlr_jax.train import config as config_lib
+from t2mlr_jax.train.optimizer import make_optimizer
+from t2mlr_jax.train.step import abstract_state, check_batch, make_train_step, state_shardings
 
 STEPS = ("train", "eval", "decode")
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
@@ -51,7 +57,6 @@ def shape_config(config):
                      "Face directory or parameter export (its config is read, not its "
                      f"weights) or, for the shape alone, a preset name: {sorted(PRESETS)}")
   else:
-    from t2mlr_jax.convert.pretrained import pretrained_config
     base = pretrained_config(src)
     shape = {k: getattr(base, k) for k in (
         "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "head_dim",
@@ -172,11 +177,6 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
   """Compile `steps` of an experiment config for a topology; the report as a dict (see
   `format_report`; keep_text: each step's optimized HLO too, as `hlo_text`). Raises
   ValueError for a bad config, topology or step name."""
-  from t2mlr_jax.model import kernels
-  from t2mlr_jax.train import config as config_lib
-  from t2mlr_jax.train.optimizer import make_optimizer
-  from t2mlr_jax.train.step import (abstract_state, check_batch, make_train_step,
-                                    state_shardings)
   bad = [s for s in steps if s not in STEPS]
   if bad or not steps:
     _fail("--steps", ",".join(steps), f"a comma-separated subset of {STEPS}")
@@ -260,7 +260,6 @@ def _eval_rows(config, mesh) -> int:
 
 def _eval_step(config, cfg, mesh, params_abs):
   """The exact-mode eval step of the config's task (bits per byte for `lm`)."""
-  from t2mlr_jax.eval import bpb, runner
   B, T = _eval_rows(config, mesh), config.train.seq_len
   batch = _batch(batch_keys(config), B, T, mesh)
   vocab = getattr(cfg, "vocab_size", 0)
@@ -293,8 +292,6 @@ class _in_context:
 def _decode_step(config, cfg, mesh, params_abs):
   """generate's per-token decode step: a batch of data.eval_batch_size rows (padded to the
   batch axes) over a cache of model.max_seq_len slots, caches split over the batch axes."""
-  from t2mlr_jax.eval import runner
-  from t2mlr_jax.model import decode
   B, S = _eval_rows(config, mesh), cfg.max_seq_len
   P = min(16, S - 1)
 

@@ -17,7 +17,15 @@ import sys
 import time
 from typing import Callable, Optional
 
+import jax
 import numpy as np
+from absl import flags
+
+from t2mlr_jax import checkpoint, cli, stream
+from t2mlr_jax.convert import hf
+from t2mlr_jax.convert.gguf import from_gguf
+from t2mlr_jax.data.tokenizer import load_tokenizer
+from t2mlr_jax.train.metrics import quiet_absl_logs
 
 PROMPT_BUCKET = 64       # prompts are left-padded to a multiple (fewer prefill compiles)
 CACHE_BUCKET = 256       # KV cache sizes are multiples (fewer decode-step compiles)
@@ -30,17 +38,13 @@ MODEL_KINDS = ("allowed a GGUF file (*.gguf), a Hugging Face directory (config.j
 
 def load_chat_model(path: str, tokenizer: Optional[str] = None, dtype: str = "float32"):
   """(cfg, params, tokenizer) from a GGUF file, an HF directory, an export or a workdir."""
-  from t2mlr_jax import checkpoint
-  from t2mlr_jax.data.tokenizer import load_tokenizer
   if path.endswith(".gguf"):
-    from t2mlr_jax.convert.gguf import from_gguf
     cfg, params, tok = from_gguf(path, dtype=dtype)
     return cfg, params, load_tokenizer(tokenizer) if tokenizer else tok
   if not os.path.exists(path):
     raise ValueError(f"--model={path!r} does not exist: {MODEL_KINDS}")
   if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
       os.path.join(path, "checkpoints")):
-    from t2mlr_jax.convert import hf
     cfg, params = hf.from_hf(path)
     return cfg, params, load_tokenizer(tokenizer or path)
   if not (checkpoint.is_export(path) or os.path.isdir(os.path.join(path, "checkpoints"))):
@@ -92,9 +96,6 @@ class ChatSession:
   def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None) -> dict:
     """Append the user's turn, generate the answer (calling on_text with each new piece
     of text), append it; returns the answer and timings."""
-    import jax
-
-    from t2mlr_jax import stream
     messages = self.messages + [{"role": "user", "content": text}]
     limit = self.cfg.max_seq_len - self.max_new_tokens
     ids = self._prompt_ids(messages)
@@ -135,7 +136,6 @@ class ChatSession:
 
 def main(argv=None):
   """`python -m t2mlr_jax.chat --model=PATH`: an interactive chat in the terminal."""
-  from absl import flags
   model = flags.DEFINE_string("model", None, "GGUF file, HF directory, export or workdir",
                               required=True)
   tokenizer = flags.DEFINE_string("tokenizer", None, "directory with tokenizer.json "
@@ -155,7 +155,6 @@ def main(argv=None):
 
   def run(argv):
     del argv
-    from t2mlr_jax.train.metrics import quiet_absl_logs
     quiet_absl_logs()
     cfg, params, tok = load_chat_model(model.value, tokenizer.value)
     cfg = cfg.replace(max_seq_len=min(cfg.max_seq_len, max_seq_len.value))
@@ -198,7 +197,6 @@ def main(argv=None):
       if text.strip():
         say("model> ")
         answer(text)
-  from t2mlr_jax import cli
   cli.run(run, argv)
 
 

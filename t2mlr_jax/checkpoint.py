@@ -17,23 +17,25 @@ straight into the abstract sharded layout the caller provides.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import sys
 from typing import Optional
 
+import grain
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
 from ml_collections import config_dict
 
-from t2mlr_jax import paths, registry
+from t2mlr_jax import __version__, paths, registry
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.model.api import init_model
+from t2mlr_jax.model.lstm import LSTMConfig
 
 FORMAT_VERSION = 1
 ITEMS = ("params", "train", "data", "config", "meta")
-
-
-def _library_version() -> str:
-  from t2mlr_jax import __version__
-  return __version__
 
 
 class Checkpointer:
@@ -67,8 +69,7 @@ class Checkpointer:
     checkpoint loads without the experiment config's external files; so does
     `data_slots`, the number of data iterators (one per batch slice) saved."""
 
-    import grain
-    meta = {"format_version": FORMAT_VERSION, "library_version": _library_version(),
+    meta = {"format_version": FORMAT_VERSION, "library_version": __version__,
             "step": int(step), "model_family": type(model_cfg).__name__,
             "model_config": model_cfg.to_dict(), "data_slots": int(data_slots),
             "process_count": jax.process_count(),
@@ -101,7 +102,6 @@ class Checkpointer:
   def restore(self, step: int, abstract_state, data_iterator):
     """The train state at `step`, restored into `abstract_state`'s shapes and shardings
     (a TrainState of jax.ShapeDtypeStruct); the data iterator is restored in place."""
-    import grain
     self.check_format(step)
     train_abstract = {"step": abstract_state.step, "opt_state": abstract_state.opt_state,
                       "nonfinite_step": abstract_state.nonfinite_step}
@@ -163,7 +163,6 @@ def quiet_failed_reads() -> None:
   closed by then (each reported through sys.unraisablehook with no object, so Python
   prints a bare traceback; how many arrive depends on timing). Silence just those, keeping
   every other warning."""
-  import sys
   previous = sys.unraisablehook
 
   def is_read_noise(value, _runtime_error=RuntimeError, _str=str, _isinstance=isinstance):
@@ -189,7 +188,6 @@ def quiet_failed_reads() -> None:
 def read_failure(error: BaseException) -> str:
   """What could not be read, in one line: the array and TensorStore's reason when the
   error chain names them (a damaged shard file), else the innermost message."""
-  import re
   chain, e = [], error
   while e is not None and len(chain) < 20:
     chain.append(e)
@@ -214,8 +212,6 @@ def with_shardings(abstract_tree, shardings):
 
 def model_config_from_meta(meta: dict):
   """The typed model config (ModelConfig or LSTMConfig) a checkpoint's meta records."""
-  from t2mlr_jax.config import ModelConfig
-  from t2mlr_jax.model.lstm import LSTMConfig
   families = {"ModelConfig": ModelConfig, "LSTMConfig": LSTMConfig}
   family = meta.get("model_family")
   if family not in families:
@@ -258,7 +254,6 @@ def export(cfg, params, path: str) -> None:
 
   What `python -m t2mlr_jax.convert --from-hf` writes; `load(path)` and the training
   config's `model.init_from` read it."""
-  import json
   check_export_target(path)
   root = paths.resolve(path)
   root.mkdir(parents=True, exist_ok=True)
@@ -266,14 +261,11 @@ def export(cfg, params, path: str) -> None:
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(target, jax.device_get(params))
   paths.write_text(root / EXPORT_CONFIG, json.dumps(
-      {"format_version": FORMAT_VERSION, "library_version": _library_version(),
+      {"format_version": FORMAT_VERSION, "library_version": __version__,
        "model_family": type(cfg).__name__, "model_config": cfg.to_dict()}, indent=2))
 
 
 def _load_export(path: str):
-  import json
-
-  from t2mlr_jax.model.api import init_model
   root = paths.resolve(path)
   meta = json.loads((root / EXPORT_CONFIG).read_text())
   cfg = model_config_from_meta(meta)
@@ -296,7 +288,6 @@ def load(workdir: str, step: Optional[int] = None):
       cfg, params = load("workdirs/s5")
       logits = t2mlr_jax.forward(params, cfg, tokens, mode="exact")
   """
-  from t2mlr_jax.model.api import init_model
   if is_export(workdir):
     if step is not None:
       raise ValueError(f"{workdir} is a parameter export (one step): pass step=None")

@@ -5,8 +5,12 @@ only with --verbose. Training that diverges exits 3 (train.loop.NonFiniteLossErr
 from __future__ import annotations
 
 import errno
+import os
+import re
 import sys
 from typing import Callable, Optional, Sequence
+
+from absl import app, flags
 
 from t2mlr_jax import registry
 
@@ -16,7 +20,6 @@ USAGE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, LookupError, OS
 def one_line(error: BaseException, args: Sequence[str] = ()) -> str:
   """The error's message on one line (config_dict's and config_flags' span several); a
   misspelled config field is named as the command line gave it."""
-  import re
   if isinstance(error, OSError) and error.errno == errno.ENOENT and error.filename:
     return f"no such file or directory: {error.filename}"
   text = str(error.args[0]) if len(error.args) == 1 else str(error)
@@ -34,7 +37,6 @@ def one_line(error: BaseException, args: Sequence[str] = ()) -> str:
 
 
 def _verbose(args: Sequence[str]) -> bool:
-  import os
   return any(a in ("--verbose", "--verbose=true", "--verbose=True") for a in args) or \
       os.environ.get("T2MLR_VERBOSE") == "1"
 
@@ -57,7 +59,6 @@ _FLAG_TYPES = (("invalid literal for int()", "an integer"),
 def _flag_error(error: BaseException) -> str:
   """absl's flag error on one line; a value of the wrong type says what is allowed
   ('--config.train.num_steps='abc' is invalid: allowed an integer')."""
-  import re
   text = " ".join(str(error).split())
   bad = re.match(r"flag (--[\w.]+)=(.*?): (.*)$", text)
   if bad:
@@ -70,7 +71,6 @@ def _flag_error(error: BaseException) -> str:
 def _parse_flags(argv: Sequence[str]):
   """absl's flag parsing with a bad flag or flag value reported as one line, exit 2
   (absl itself prints two lines and exits 1)."""
-  from absl import flags
   try:
     return flags.FLAGS(list(argv))
   except flags.Error as e:
@@ -93,7 +93,6 @@ def import_user_modules(args: Sequence[str]) -> list[str]:
 def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
   """absl's app.run(main) with usage errors reported as one line (exit 2); --verbose (or
   T2MLR_VERBOSE=1) keeps the traceback. --user_module=FILE.py[,...] is imported first."""
-  from absl import app, flags
   if "verbose" not in flags.FLAGS:
     flags.DEFINE_bool("verbose", False, "show the full traceback of an error")
   if "user_module" not in flags.FLAGS:

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
-import time
 
 # several compiling processes may load libtpu at once (it locks /tmp/libtpu_lockfile)
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -32,6 +30,8 @@ if "JAX_PLATFORMS" not in os.environ:
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from t2mlr_jax import aot as compile_report, cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=False)
@@ -48,7 +48,6 @@ EXIT_FITS, EXIT_USAGE, EXIT_DOES_NOT_FIT = 0, 2, 3
 
 def main(argv):
   del argv
-  from t2mlr_jax import aot as compile_report
   steps = tuple(s.strip() for s in _STEPS.value.split(",") if s.strip())
   report = compile_report.compile_config(_CONFIG.value, _TOPOLOGY.value, steps=steps,
                                          num_slices=_NUM_SLICES.value, log=_say)
@@ -64,5 +63,4 @@ def _say(message: str) -> None:
 
 
 if __name__ == "__main__":
-  from t2mlr_jax import cli
   cli.run(main)

@@ -436,7 +436,7 @@ class ModelConfig(_Replaceable):
       if not isinstance(self.recurrence, tuple(classes.values())):
         invalid("recurrence", self.recurrence, "None or the config of a registered "
                 f"recurrence type: {', '.join(c.__name__ for c in classes.values())}")
-      self.recurrent_block  # validates the type's layers against the model
+      _ = self.recurrent_block  # validates the type's layers against the model
 
   def _check_windows(self):
     if self.window_pattern is None:

@@ -17,6 +17,10 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 _AUTO_MARKERS = ("TPU_WORKER_HOSTNAMES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
 
 
@@ -75,7 +79,6 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
   kwargs = init_arguments(coordinator_address, num_processes, process_id)
   if kwargs is None:
     return False
-  import jax
   jax.distributed.initialize(**kwargs)
   return True
 
@@ -86,11 +89,8 @@ def any_process(flag: bool, gather=None) -> bool:
   signal arrived here", so processes that see SIGTERM at different steps still stop, and
   save, at the same one. gather: flag -> the flags of all processes (default JAX's
   multihost all-gather; tests pass a fake)."""
-  import numpy as np
   if gather is None:
-    import jax
     if jax.process_count() == 1:
       return bool(flag)
-    from jax.experimental import multihost_utils
     gather = multihost_utils.process_allgather
   return bool(np.any(np.asarray(gather(np.int32(bool(flag))))))

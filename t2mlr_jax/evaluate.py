@@ -28,8 +28,16 @@ import sys
 
 from absl import app, flags
 
-from t2mlr_jax import paths
+from t2mlr_jax import checkpoint, cli, paths
+from t2mlr_jax.convert import hf
+from t2mlr_jax.data import lm, multiple_choice as mc, sft
+from t2mlr_jax.data.pipeline import stack_batches
+from t2mlr_jax.data.tokenizer import load_tokenizer
+from t2mlr_jax.eval import downstream
+from t2mlr_jax.eval.bpb import evaluate_bpb
 from t2mlr_jax.model.modes import mode_names
+from t2mlr_jax.train.metrics import quiet_absl_logs
+from t2mlr_jax.train.tasks import get_task, run_eval
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory (its task's eval set)")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
@@ -64,8 +72,6 @@ _BOS = flags.DEFINE_bool("add_bos", False, "prepend the tokenizer's BOS token")
 def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
   """The training task's own evaluation of a workdir's checkpoint (latest step by default)
   in `mode`: {step, task, mode, **metrics}, the numbers the trainer logs."""
-  from t2mlr_jax import checkpoint
-  from t2mlr_jax.train.tasks import get_task, run_eval
   ckpt = checkpoint.Checkpointer(workdir, read_only=True)
   step = ckpt.latest_step() if step is None else step
   ckpt.manager.close()
@@ -80,8 +86,6 @@ def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
 
 def load_model(path: str):
   """(cfg, params) from a Hugging Face directory or a training workdir."""
-  from t2mlr_jax import checkpoint
-  from t2mlr_jax.convert import hf
   if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
       os.path.join(path, "checkpoints")):
     return hf.from_hf(path)
@@ -91,7 +95,6 @@ def load_model(path: str):
 def _trained_tokenizer_hash(model: str):
   """The tokenizer hash of the prepared dataset a training workdir learned from (None
   when the model is not such a workdir or the dataset is not readable here)."""
-  from t2mlr_jax.data import lm
   config_file = os.path.join(model, "config.json")
   if not os.path.isdir(os.path.join(model, "checkpoints")) or not os.path.isfile(config_file):
     return None
@@ -116,9 +119,6 @@ def views_for(cfg) -> list[str]:
 def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
                       blocks=None, modes=None, batch_size: int = 8) -> dict:
   """Bits per byte of a model on a prepared dataset's split, in each view."""
-  from t2mlr_jax.data import lm
-  from t2mlr_jax.data.pipeline import stack_batches
-  from t2mlr_jax.eval.bpb import evaluate_bpb
   manifest = lm.read_manifest(data)
   cfg, params = load_model(model)
   block, vocab = manifest["block_size"], manifest["tokenizer"]["vocab_size"]
@@ -145,10 +145,6 @@ def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, ch
   """Score a model (export, HF directory or workdir) on a downstream task: generation
   tasks (GSM8K-style `###` answers) by greedy decoding, multiple-choice tasks by the
   summed log-likelihood of each choice. Returns the task's metrics dict."""
-  from t2mlr_jax.data import multiple_choice as mc
-  from t2mlr_jax.data import sft
-  from t2mlr_jax.data.tokenizer import load_tokenizer
-  from t2mlr_jax.eval import downstream
   tokenizer = load_tokenizer(tokenizer_dir or model)
   cfg, params = load_model(model)
   if task in downstream.GENERATION_TASKS:
@@ -168,7 +164,6 @@ def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, ch
 def main(argv):
   """`python -m t2mlr_jax.evaluate`: the flags above, results printed and written as JSON."""
   del argv
-  from t2mlr_jax.train.metrics import quiet_absl_logs
   quiet_absl_logs()
   if _MODE.value is not None and _MODE.value not in mode_names():
     raise ValueError(f"--mode={_MODE.value!r} is invalid: allowed one of {mode_names()}")
@@ -217,5 +212,4 @@ def _wrote(where) -> None:
 
 
 if __name__ == "__main__":
-  from t2mlr_jax import cli
   cli.run(main)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+import jax
+
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.registry import SCHEDULES
@@ -176,7 +178,6 @@ def decode_flops_per_token(cfg: ModelConfig, context: int) -> float:
 
 def peak_flops(device=None) -> Optional[float]:
   """Dense peak FLOP/s of a JAX device (None when unknown, e.g. CPUs)."""
-  import jax
   device = device or jax.devices()[0]
   kind = getattr(device, "device_kind", "")
   if kind in PEAK_FLOPS:            # exact first: "TPU v5" (v5p) is a prefix of "TPU v5 lite"

@@ -45,17 +45,26 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from typing import Optional
 
-import numpy as np
-
+import jax
+import jax.numpy as jnp
 import lm_eval.models  # noqa: F401  (lm-eval's own models, registered before ours)
+import numpy as np
+from jinja2.exceptions import TemplateError
+from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
+from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from t2mlr_jax import registry
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.data.tokenizer import render_chat_template
+from t2mlr_jax.loading import load_model_and_tokenizer
+from t2mlr_jax.model.decode import stream
+from t2mlr_jax.model.modes import BUILTIN_MODES, forward, mode_names
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +172,6 @@ class T2MLRLM(TemplateLM):
     if path is None:
       raise ValueError("model_args path is required: a GGUF file, a Hugging Face "
                        "directory, a parameter export or a training workdir")
-    from t2mlr_jax.loading import load_model_and_tokenizer
     step = None if step is None else _as_int("step", step, "a saved step (an integer)")
     cfg, params, found = load_model_and_tokenizer(str(path), step, tokenizer)
     if add_bos is None and found.documents_start_with_bos:
@@ -189,8 +197,6 @@ class T2MLRLM(TemplateLM):
   def _setup(self, cfg, params, tokenizer, tokenizer_source, *, batch_size=8, mode="exact",
              dtype=None, max_length=None, prompt_control_flow=2, add_bos=None,
              path="model"):
-    from t2mlr_jax.config import ModelConfig
-    from t2mlr_jax.model.modes import BUILTIN_MODES, mode_names
     if not isinstance(cfg, ModelConfig):
       raise ValueError(f"{path!r} holds a {type(cfg).__name__}: lm-eval runs transformers "
                        "(ModelConfig, with or without a recurrence)")
@@ -228,7 +234,6 @@ class T2MLRLM(TemplateLM):
   @classmethod
   def create_from_arg_string(cls, arg_string: str, additional_config=None):
     """model_args as the CLI writes them ("path=...,mode=exact"), checked key by key."""
-    from lm_eval.utils import simple_parse_args_string
     return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
   @classmethod
@@ -308,13 +313,11 @@ class T2MLRLM(TemplateLM):
     the text ends with the last message's content (transformers' continue_final_message),
     so the answer continues it. A template that refuses the system role renders without
     it, as lm-eval's HF backend does."""
-    from t2mlr_jax.data.tokenizer import render_chat_template
     if not self.tok.chat_template:
       raise ValueError(f"--apply_chat_template: the tokenizer {self.tok.name!r} has no chat "
                        "template")
     variables = dict(bos_token=self.tok.token_text(self.tok.bos_id) or "",
                      eos_token=self.tok.token_text(self.tok.eos_id) or "")
-    from jinja2.exceptions import TemplateError
     try:
       text = render_chat_template(self.tok.chat_template, chat_history,
                                   add_generation_prompt=add_generation_prompt, **variables)
@@ -336,9 +339,6 @@ class T2MLRLM(TemplateLM):
     """(Σ log p, greedy) of each row (tokens, n): the tokens but the last are the input,
     the last n tokens are scored, each predicted from the position before it. Rows are
     batched longest first, right-padded with control flow 0; results in the rows' order."""
-    import jax.numpy as jnp
-
-    from t2mlr_jax.model.modes import forward
     B = self.batch_size
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
     out: list = [None] * len(rows)
@@ -380,7 +380,6 @@ class T2MLRLM(TemplateLM):
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
     """log p(text) over lm-eval's disjoint rolling windows of max_length tokens (the
     first conditioned on prefix_token_id); each window is its own sequence."""
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
     windows, owner = [], []
     for n, (string,) in enumerate(req.args for req in requests):
       for ctx, cont in map(make_disjoint_window, get_rolling_token_windows(
@@ -414,10 +413,6 @@ class T2MLRLM(TemplateLM):
     return out
 
   def _generate(self, contexts: list[str], gen_kwargs: dict) -> list[str]:
-    import jax
-
-    from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
-    from t2mlr_jax.model.decode import stream
     unknown = sorted(set(gen_kwargs) - set(GEN_KWARGS) - {"max_new_tokens", "max_tokens",
                                                           "max_completion_tokens"})
     if unknown:
@@ -480,14 +475,9 @@ def _longest(strings) -> int:
   return max(len(s) for s in strings)
 
 
+@jax.jit
 def _reduce(logits, target):
   """(Σ log p(target), all targets greedy) per row over the positions with target >= 0."""
-  return _reduce_jit(logits, target)
-
-
-def _reduce_impl(logits, target):
-  import jax
-  import jax.numpy as jnp
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   scored = target >= 0
   safe = jnp.where(scored, target, 0)
@@ -497,19 +487,10 @@ def _reduce_impl(logits, target):
   return total, greedy
 
 
-def _jit(fn):
-  import jax
-  return jax.jit(fn)
-
-
-_reduce_jit = _jit(_reduce_impl)
-
-
 def main(argv=None) -> None:
   """`python -m t2mlr_jax.lm_eval ARGS`: lm-eval's command line (`lm-eval ARGS`) with the
   `t2mlr_jax` model registered; `--user_module=FILE.py` (ours, taken out before lm-eval
   reads the rest) is imported first, for a model of a type it registers."""
-  from lm_eval.__main__ import cli_evaluate
   args = list(sys.argv[1:] if argv is None else argv)
   for path in registry.user_modules_in(args):
     registry.import_user_module(path)

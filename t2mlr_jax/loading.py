@@ -16,6 +16,13 @@ from __future__ import annotations
 import os
 from typing import NamedTuple, Optional
 
+from t2mlr_jax import checkpoint
+from t2mlr_jax.convert import hf
+from t2mlr_jax.convert.gguf import _open, from_gguf, read_metadata, tokenizer_from_gguf
+from t2mlr_jax.data import lm
+from t2mlr_jax.data.byte_tokenizer import ByteTokenizer
+from t2mlr_jax.data.tokenizer import load_tokenizer
+
 MODEL_KINDS = ("allowed a GGUF file (*.gguf), a Hugging Face directory (config.json and "
                "*.safetensors), a parameter export (python -m t2mlr_jax.convert) or a "
                "training workdir (with checkpoints/)")
@@ -30,7 +37,6 @@ class FoundTokenizer(NamedTuple):
 
 def _kind(path: str) -> str:
   """'gguf', 'hf', 'export' or 'workdir' (ValueError naming the allowed kinds)."""
-  from t2mlr_jax import checkpoint
   if path.endswith(".gguf"):
     if not os.path.isfile(path):
       raise ValueError(f"path={path!r} does not exist: {MODEL_KINDS}")
@@ -54,27 +60,22 @@ def _has_tokenizer_json(directory) -> bool:
 def find_tokenizer(path: str, step: Optional[int] = None) -> FoundTokenizer:
   """The tokenizer a model at `path` came with (see the module docstring for the order).
   ValueError listing the places looked at when there is none."""
-  from t2mlr_jax.data.tokenizer import load_tokenizer
   kind = _kind(path)
   if kind == "gguf":
-    from t2mlr_jax.convert.gguf import _open, read_metadata, tokenizer_from_gguf
     return FoundTokenizer(tokenizer_from_gguf(read_metadata(_open(path)), path), path, False)
   looked = [os.path.join(path, "tokenizer.json")]
   if _has_tokenizer_json(path):
     return FoundTokenizer(load_tokenizer(path), path, False)
   if kind == "workdir":
-    from t2mlr_jax import checkpoint
     config = checkpoint.load_config(path, step)
     data = config.get("data", {})
     if data.get("task") == "lm" and data.get("path"):
-      from t2mlr_jax.data import lm
       manifest_file = os.path.join(data.path, lm.MANIFEST)
       looked.append(manifest_file)
       if os.path.isfile(manifest_file):
         manifest = lm.read_manifest(data.path)
         bos = manifest["tokenizer"].get("bos_id") is not None
         if manifest["tokenizer"]["kind"] == "byte":
-          from t2mlr_jax.data.byte_tokenizer import ByteTokenizer
           return FoundTokenizer(ByteTokenizer(), "byte", True)
         copy = os.path.join(data.path, lm.TOKENIZER_DIR)
         looked.append(os.path.join(copy, "tokenizer.json"))
@@ -93,17 +94,14 @@ def find_tokenizer(path: str, step: Optional[int] = None) -> FoundTokenizer:
 
 def load_model(path: str, step: Optional[int] = None):
   """(cfg, params) of any source (GGUF parameters dequantized to fp32)."""
-  from t2mlr_jax import checkpoint
   kind = _kind(path)
   if step is not None and kind != "workdir":
     raise ValueError(f"step={step} is invalid for {path!r} ({kind}): allowed only with a "
                      "training workdir (its saved steps)")
   if kind == "gguf":
-    from t2mlr_jax.convert.gguf import from_gguf
     cfg, params, _ = from_gguf(path)
     return cfg, params
   if kind == "hf":
-    from t2mlr_jax.convert import hf
     return hf.from_hf(path)
   return checkpoint.load(path, step)
 
@@ -112,7 +110,6 @@ def load_model_and_tokenizer(path: str, step: Optional[int] = None,
                              tokenizer: Optional[str] = None):
   """(cfg, params, FoundTokenizer) of any source; `tokenizer` (a directory with
   tokenizer.json) overrides the model's own."""
-  from t2mlr_jax.data.tokenizer import load_tokenizer
   override = None
   if tokenizer is not None:
     if not _has_tokenizer_json(tokenizer):
@@ -123,7 +120,6 @@ def load_model_and_tokenizer(path: str, step: Optional[int] = None,
     if step is not None:
       raise ValueError(f"step={step} is invalid for the GGUF file {path!r}: allowed only "
                        "with a training workdir")
-    from t2mlr_jax.convert.gguf import from_gguf
     cfg, params, tok = from_gguf(path)
     return cfg, params, override or FoundTokenizer(tok, path, False)
   found = override or find_tokenizer(path, step)

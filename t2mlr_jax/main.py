@@ -13,6 +13,10 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
+from t2mlr_jax import cli, distributed
+from t2mlr_jax.train.loop import NonFiniteLossError, train
+from t2mlr_jax.train.metrics import quiet_absl_logs
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics)")
@@ -28,10 +32,7 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
   del argv
-  from t2mlr_jax import distributed
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  from t2mlr_jax.train.loop import NonFiniteLossError, train
-  from t2mlr_jax.train.metrics import quiet_absl_logs
   quiet_absl_logs()
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("workdirs", config.get("name", "run"))
@@ -46,5 +47,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from t2mlr_jax import cli
   cli.run(main)

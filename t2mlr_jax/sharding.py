@@ -15,7 +15,9 @@ import re
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t2mlr_jax.config import ModelConfig
@@ -99,7 +101,6 @@ def make_mesh(shape: Mapping[str, int], devices: Optional[Sequence[Any]] = None,
     if sizes["data"] % slices:
       raise ValueError(f"mesh.data={sizes['data']} is invalid over {slices} slices: allowed "
                        f"multiples of {slices} (the data axis spans the slices)")
-    from jax.experimental import mesh_utils
     ici = [shape_[0] // slices, *shape_[1:]]
     dcn = [slices] + [1] * (len(shape_) - 1)
     grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
@@ -240,8 +241,6 @@ def shard_eval_batch(batch: dict, mesh: Optional[Mesh], pad_values: dict):
   generated or read identically everywhere) and supplies its devices' rows; rows are
   padded with `pad_values` (unsupervised) up to a multiple of data × fsdp. mesh=None:
   the batch as default-device arrays, as before."""
-  import jax.numpy as jnp
-  import numpy as np
   rows = len(next(iter(batch.values())))
   if mesh is None:
     return {k: jnp.asarray(v) for k, v in batch.items()}, rows

@@ -14,8 +14,8 @@ WORDS = ("the a of and to in is was for on with as by at it be are from this tha
 
 def make_tokenizer_dir(path: str, chat_template: bool = True) -> str:
   """A word-level fast tokenizer with <|endoftext|>/<|im_start|>/<|im_end|> specials."""
-  from tokenizers import Tokenizer, models, pre_tokenizers, decoders
   import transformers
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
   specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
   vocab = {t: i for i, t in enumerate(specials)}
   for w in WORDS + [c for c in "abcdefghijklmnopqrstuvwxyz"] + ["\n", "assistant", "user"]:

@@ -10,6 +10,7 @@ import pytest
 
 from t2mlr_jax import generate, stream
 from t2mlr_jax.chat import ChatSession, load_chat_model
+
 from _gguf_fixtures import write_tiny_gguf
 from _util import active_params, random_tokens, tiny_cfg
 

@@ -47,6 +47,7 @@ def test_flag_errors_say_what_is_allowed():
   """absl's flag errors as the one line `run` prints (the subprocess case above checks the
   line and the exit status end to end)."""
   from absl import flags
+
   from t2mlr_jax import cli
   for text, want in [
       ("flag --config.train.num_steps=abc: invalid literal for int() with base 10: 'abc'",

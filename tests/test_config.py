@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from t2mlr_jax import ModelConfig, T2MLRConfig, forward, init_params
+
 from _util import random_tokens, tiny_cfg
 
 

@@ -12,6 +12,7 @@ import pytest
 from t2mlr_jax import T2MLRConfig, forward
 from t2mlr_jax.convert.gguf import from_gguf
 from t2mlr_jax.data.tokenizer import load_tokenizer
+
 from _gguf_fixtures import CHAT_TEMPLATE, CORPUS, write_tiny_gguf
 
 TEXTS = CORPUS[:4] + ["unseen text 987 <|im_end|> ✓", " leading space\n\nnew lines\ttab"]
@@ -45,7 +46,7 @@ def test_weights_config_and_tokenizer(tiny):
 
 
 def test_matches_transformers_gguf_loader(tiny):
-  import torch          # test extras: torch, transformers, accelerate (its GGUF loader)
+  import torch  # test extras: torch, transformers, accelerate (its GGUF loader)
   from transformers import AutoModelForCausalLM, AutoTokenizer
   d, name, _ = tiny
   cfg, params, tok = from_gguf(os.path.join(d, name))

@@ -127,17 +127,15 @@ def test_to_hf_roundtrip_and_retrofit(tmp_path):
 
 
 def test_to_hf_interrupted_leaves_no_loadable_partial_export(tmp_path, monkeypatch):
-  import safetensors.flax
-
   model, path = _llama(tmp_path)
   cfg, params = hf.from_hf(path, recurrence=T2MLRConfig(l_start=1, l_end=1))
-  real_save = safetensors.flax.save_file
+  real_save = hf.save_file                 # safetensors.flax.save_file, as hf imports it
 
   def fail_on_recurrence(tensors, filename):
     real_save(tensors, filename)           # the bytes land, then the process "dies"
     if "recurrence" in filename:
       raise OSError("No space left on device")
-  monkeypatch.setattr(safetensors.flax, "save_file", fail_on_recurrence)
+  monkeypatch.setattr(hf, "save_file", fail_on_recurrence)
   out = tmp_path / "export"
   with pytest.raises(OSError, match="No space"):
     hf.to_hf(cfg, params, str(out))
@@ -208,6 +206,7 @@ def test_models_a_llama_config_cannot_hold_are_refused(tmp_path):
 
 def test_a_context_longer_than_the_pretrained_one_is_logged(tmp_path, caplog):
   import logging
+
   from t2mlr_jax.convert.pretrained import pretrained_config
   (tmp_path / "config.json").write_text(json.dumps(dict(
       architectures=["LlamaForCausalLM"], hidden_size=32, num_attention_heads=2,

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from t2mlr_jax.data import gutenberg
+
 from _util import write_sdist
 
 SHARED = "Now is the winter of our discontent made glorious summer"

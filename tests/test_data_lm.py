@@ -9,6 +9,7 @@ import pytest
 from t2mlr_jax import forward
 from t2mlr_jax.data import lm, pipeline, prepare, text
 from t2mlr_jax.losses import IGNORE
+
 from _util import active_params, max_abs, tiny_cfg
 from test_recurrence_lrt import active as lrt_active, lrt_cfg
 

@@ -3,7 +3,6 @@
 import re
 
 import numpy as np
-
 import pytest
 
 from t2mlr_jax.data import variable_assignment as va

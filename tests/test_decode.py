@@ -7,6 +7,7 @@ import pytest
 
 from t2mlr_jax import forward, generate
 from t2mlr_jax.model import decode
+
 from _util import active_params, random_tokens, tiny_cfg
 
 N_NEW = 8

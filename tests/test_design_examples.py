@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from t2mlr_jax import forward, generate, init_params, registry
+
 from _util import max_abs, random_tokens, tiny_cfg
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",

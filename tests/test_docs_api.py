@@ -3,6 +3,7 @@
 import os
 
 import t2mlr_jax
+
 from _util import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,6 +11,7 @@ from t2mlr_jax import ModelConfig, T2MLRConfig, init_params  # noqa: E402
 from t2mlr_jax.data.multiple_choice import MCExample  # noqa: E402
 from t2mlr_jax.data.tokenizer import load_tokenizer  # noqa: E402
 from t2mlr_jax.eval import answers, downstream  # noqa: E402
+
 from _hf_fixtures import gsm8k_aug_records, make_tokenizer_dir  # noqa: E402
 
 

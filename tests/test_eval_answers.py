@@ -4,7 +4,6 @@ import pytest
 
 from t2mlr_jax.eval import answers as A
 
-
 # --- extract_gsm8k (GSM8K-Aug's rule) ------------------------------------------------
 
 @pytest.mark.parametrize("text, want", [

@@ -36,8 +36,9 @@ def test_byte_level_bpe_lengths_add_up_to_the_text_bytes(tmp_path):
   """A byte-level BPE trained here: the lengths of a text's tokens sum to its UTF-8
   bytes, and special tokens have none."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-  from t2mlr_jax.data.tokenizer import load_tokenizer
+
   from t2mlr_jax.data.token_bytes import hf_token_lengths
+  from t2mlr_jax.data.tokenizer import load_tokenizer
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
@@ -64,6 +65,7 @@ def copy_model(V=16, scale=0.5, shift=1):
   V − 1 logits 0. Returns (cfg, params, a)."""
   import jax
   import jax.numpy as jnp
+
   from t2mlr_jax import ModelConfig, init_params
   cfg = ModelConfig(vocab_size=V, d_model=V, n_layers=1, n_heads=2, d_ff=16, max_seq_len=16)
   params = init_params(cfg, jax.random.PRNGKey(0))

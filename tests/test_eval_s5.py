@@ -74,8 +74,10 @@ def test_runner_evaluate_known_values():
   right and two rows with one wrong position out of four supervised give 1/2 and 14/16.
   A row without supervised positions (batch filler) counts nowhere."""
   import pytest
+
   from t2mlr_jax.eval.runner import evaluate
   from t2mlr_jax.eval.sequence import SequenceMetrics
+
   from test_eval_bpb import copy_model, copy_model_nll
   V = 16
   cfg, params, a = copy_model(V)

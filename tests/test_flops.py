@@ -74,6 +74,7 @@ def test_exact_bptt_memory_estimate_matches_the_compiled_step():
   """exact_bptt_bytes against XLA's temporary memory of the exact mode's gradient, where
   the quadratic term dominates, and the training config's warning quoting it."""
   import jax.numpy as jnp
+
   from t2mlr_jax import loss
   from t2mlr_jax.flops import exact_bptt_bytes
   cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
@@ -89,6 +90,7 @@ def test_exact_bptt_memory_estimate_matches_the_compiled_step():
 
 def test_exact_training_on_long_sequences_warns_with_the_estimate(caplog):
   import logging
+
   from t2mlr_jax.train.config import base_config, validate
   c = base_config()
   c.train.mode, c.train.seq_len, c.train.batch_size = "exact", 2048, 16

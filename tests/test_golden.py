@@ -13,8 +13,6 @@ import t2mlr_jax
 from t2mlr_jax.convert.official import from_official
 from t2mlr_jax.losses import cross_entropy, next_token_labels
 
-
-
 GOLDEN = os.environ.get("T2MLR_GOLDEN_DIR") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "golden")
 NPZ = os.path.join(GOLDEN, "t2mlr_official_small.npz")

@@ -11,6 +11,7 @@ from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig, sharding
 from t2mlr_jax.train.config import base_config
 from t2mlr_jax.train.optimizer import make_optimizer
 from t2mlr_jax.train.step import check_batch, create_state, make_train_step
+
 from _util import random_tokens
 
 T2MLR = ModelConfig(vocab_size=40, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
@@ -86,6 +87,7 @@ def test_batch_layouts_accumulation_cannot_split_are_named():
 def test_resume_with_another_grad_accum_steps_goes_on(tmp_path):
   """k may change on resume (RESUME_MUTABLE); the run continues from the saved step."""
   from t2mlr_jax.train.loop import train
+
   from test_train import tiny_config
   c = tiny_config(num_steps=4, batch_size=16, stop_after_steps=2, checkpoint_every=2,
                   eval_every=4)

@@ -12,6 +12,7 @@ from t2mlr_jax.model.recurrence import t2mlr as rec
 from t2mlr_jax.model.sequence import context
 from t2mlr_jax.model.span import previous_states
 from t2mlr_jax.model.transformer import embed, head, run_layers, segment_params
+
 from _util import active_params, random_tokens, tiny_cfg
 
 T = 8

@@ -9,11 +9,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t2mlr_jax import forward
+from t2mlr_jax import ModelConfig, forward
 from t2mlr_jax.losses import cross_entropy, next_token_labels
-from t2mlr_jax import ModelConfig
-from t2mlr_jax.model.layers import (KV, Attention, apply_rope, attend, attention_mask, from_cache,
-                                    rope_tables, swiglu, to_cache)
+from t2mlr_jax.model.layers import (
+  KV,
+  Attention,
+  apply_rope,
+  attend,
+  attention_mask,
+  from_cache,
+  rope_tables,
+  swiglu,
+  to_cache,
+)
+
 from _util import active_params, random_tokens, tiny_cfg
 
 

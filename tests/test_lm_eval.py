@@ -373,10 +373,10 @@ def test_lm_eval_tasks_equal_our_multiple_choice_evaluator(models, tokenizer, tm
 def test_gsm8k_strict_match_equals_lm_evals_filter():
   """GSM8K: our strict match (`eval.answers`) is lm-eval's gsm8k strict-match filter
   (the installed task's regex, first match) followed by its exact_match."""
+  import lm_eval
   import yaml
   from lm_eval.filters.extraction import RegexFilter
 
-  import lm_eval
   from t2mlr_jax.eval import answers
   with open(os.path.join(os.path.dirname(lm_eval.__file__), "tasks", "gsm8k",
                          "gsm8k.yaml")) as f:

@@ -56,6 +56,7 @@ def test_chunked_loss_refuses_modes_that_compute_their_own_logits():
 def test_train_loss_chunk_is_validated_with_the_field_named():
   import os
   import sys
+
   from t2mlr_jax.train.config import validate
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
   import s5_retrieval

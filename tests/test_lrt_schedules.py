@@ -9,9 +9,10 @@ import pytest
 from t2mlr_jax import forward, loss
 from t2mlr_jax.model import modes
 from t2mlr_jax.model.recurrence import lrt
-from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers
 from t2mlr_jax.model.schedules.interleaved import pass_positions
 from t2mlr_jax.model.sequence import context
+from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers
+
 from _util import max_abs, random_tokens
 from test_recurrence_lrt import active, lrt_cfg
 

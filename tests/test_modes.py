@@ -8,6 +8,7 @@ import pytest
 
 from t2mlr_jax import T2MLRConfig, forward, init_params
 from t2mlr_jax.losses import cross_entropy, next_token_labels
+
 from _util import active_params, max_abs, random_tokens, tiny_cfg
 
 B, T = 3, 12
@@ -229,6 +230,7 @@ def test_exact_takes_a_non_recurrent_prefix_from_one_parallel_pass(kind):
   into one parallel pass) equals the same rows batched with an all-recurrent row (no
   prefix to collapse: every position runs token by token); state and KVs too."""
   from t2mlr_jax.model import modes as m
+
   from test_recurrence_lrt import active as lrt_active, lrt_cfg
   if kind == "t2mlr":
     cfg = tiny_cfg()
@@ -363,7 +365,7 @@ def _hand_sweep(params, cfg, tokens, cf, h_lo=None, R=None):
   x0 = embed(params, cfg, tokens)
   ctx = context(params, cfg, inp, tokens, x0)
   (_, lo, hi), = [s for s in cfg.segments if s[0] == "middle"]
-  p_mid, p_rec = segment_params(params, lo, hi), params["recurrence"]
+  p_mid = segment_params(params, lo, hi)
   if h_lo is None:
     h_lo = run_layers(segment_params(params, 0, lo), cfg, x0, ctx, 0)[0] if lo else x0
     o = run_layers(p_mid, cfg, h_lo, ctx, lo)[0]

@@ -9,6 +9,7 @@ from t2mlr_jax import init_params
 from t2mlr_jax.registry import RECURRENCES
 from t2mlr_jax.train.config import base_config
 from t2mlr_jax.train.optimizer import decay_mask, make_optimizer, make_schedule
+
 from _util import tiny_cfg
 
 
@@ -182,7 +183,8 @@ def test_bad_optimizer_name_or_group_option_is_a_clear_error():
   from t2mlr_jax.train.config import validate
   with pytest.raises(ValueError, match=r"optimizer.name='lion' is invalid: allowed one of \('adamw', 'muon'\)"):
     make_optimizer(_opt(name="lion"), 10)
-  import os, sys
+  import os
+  import sys
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
   import lrt_nanochat
   for field, value, allowed in (("matrix_lr", 0.0, "> 0"), ("adam_b1", 1.5, "in \\[0, 1\\)"),

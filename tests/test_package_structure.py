@@ -1,10 +1,12 @@
 """The package's shape, as docs/design.md states it: no import circle between its modules
-(at module level or inside functions), each schedule one file that imports no recurrence
-type, and no branch on the recurrence type outside its config class, its module and the
-converters of its official checkpoints."""
+(at module level or inside functions, through the package's `__init__` too), imports at the
+top of their modules (in a function only an optional dependency's), each schedule one file
+that imports no recurrence type, and no branch on the recurrence type outside its config
+class, its module and the converters of its official checkpoints."""
 
 import ast
 import os
+import re
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "t2mlr_jax")
@@ -22,11 +24,17 @@ def _modules() -> dict:
 
 
 def _imports(path: str, modules: dict) -> set:
+  """The package's modules a file imports (anywhere in it). `from P import X` imports the
+  submodule P.X when there is one, else a name of P's `__init__` (which runs everything
+  that `__init__` imports): `from t2mlr_jax import sharding` is an edge to
+  t2mlr_jax.sharding, `from t2mlr_jax import forward` (or `import t2mlr_jax`) one to
+  t2mlr_jax itself."""
   found = set()
   for node in ast.walk(ast.parse(open(path).read())):
     if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("t2mlr_jax"):
-      found.add(node.module)
-      found.update(f"{node.module}.{a.name}" for a in node.names)
+      for a in node.names:
+        sub = f"{node.module}.{a.name}"
+        found.add(sub if sub in modules else node.module)
     elif isinstance(node, ast.Import):
       found.update(a.name for a in node.names if a.name.startswith("t2mlr_jax"))
   return {m for m in found if m in modules}
@@ -65,10 +73,81 @@ def _cycles(graph: dict) -> list:
 def test_no_import_circle():
   modules = _modules()
   graph = {m: _imports(p, modules) - {m} for m, p in modules.items()}
-  # the package's own __init__ re-exports the API; a module importing `t2mlr_jax` itself
-  # (e.g. `from t2mlr_jax import sharding`) names the submodule, not the package
-  graph = {m: d - {"t2mlr_jax"} for m, d in graph.items()}
+  # the package's __init__ is a node like any other: a module taking a re-exported name
+  # from it (`from t2mlr_jax import __version__`) must not be imported by the API it
+  # re-exports, or `import t2mlr_jax` fails half-initialized
+  assert "t2mlr_jax" in graph and graph["t2mlr_jax"]
   assert _cycles(graph) == []
+
+
+def test_imports_name_submodules_or_the_init(tmp_path):
+  modules = _modules()
+  f = tmp_path / "m.py"
+  f.write_text("from t2mlr_jax import sharding\n")
+  assert _imports(str(f), modules) == {"t2mlr_jax.sharding"}
+  f.write_text("def g():\n  from t2mlr_jax import forward, paths\n")
+  assert _imports(str(f), modules) == {"t2mlr_jax", "t2mlr_jax.paths"}
+  f.write_text("import t2mlr_jax\nfrom t2mlr_jax.model import recurrence as rec\n"
+               "from t2mlr_jax.model.modes import forward\n")
+  assert _imports(str(f), modules) == {"t2mlr_jax", "t2mlr_jax.model.recurrence",
+                                       "t2mlr_jax.model.modes"}
+
+
+# Top-level modules the package may import inside a function: optional dependencies, none
+# of them in setup.py's install_requires (checked below).
+OPTIONAL = {"torch", "transformers", "lm_eval", "libtpu", "fastapi", "uvicorn", "selenium"}
+# Install requirements that still load lazily, each with its reason.
+LAZY_REQUIREMENTS = {
+    "tensorboardX": "its writer imports torch whenever torch is installed (2 s at startup)",
+}
+MAX_FUNCTION_IMPORTS = 15
+
+
+def _function_level_imports(tree) -> list:
+  """Import nodes inside a function or class body (not under `if TYPE_CHECKING:`)."""
+  out = []
+
+  def visit(node, nested):
+    for child in ast.iter_child_nodes(node):
+      if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+        for grandchild in child.orelse:      # only the TYPE_CHECKING branch is exempt
+          visit(ast.Module(body=[grandchild], type_ignores=[]), nested)
+        continue
+      if isinstance(child, (ast.Import, ast.ImportFrom)) and nested:
+        out.append(child)
+      visit(child, nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                ast.Lambda, ast.ClassDef)))
+  visit(tree, False)
+  return out
+
+
+def _install_requires() -> set:
+  """setup.py's install_requires as import names (lower case, '-' as '_')."""
+  setup = ast.parse(open(os.path.join(os.path.dirname(PACKAGE), "setup.py")).read())
+  for node in ast.walk(setup):
+    if isinstance(node, ast.keyword) and node.arg == "install_requires":
+      reqs = [ast.literal_eval(e) for e in node.value.elts]
+      return {re.split(r"[<>=!\[; ]", r)[0].strip().lower().replace("-", "_") for r in reqs}
+  raise AssertionError("setup.py has no install_requires")
+
+
+def test_imports_are_at_the_top_but_optional_ones():
+  required = _install_requires()
+  assert "jax" in required and "tensorboardx" in required
+  assert not {m.lower() for m in OPTIONAL} & required
+  found = []
+  for name, path in _modules().items():
+    for node in _function_level_imports(ast.parse(open(path).read())):
+      if isinstance(node, ast.ImportFrom):
+        assert node.level == 0, f"{name}:{node.lineno}: a relative import"
+        tops = {node.module.split(".")[0]}
+      else:
+        tops = {a.name.split(".")[0] for a in node.names}
+      found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+      assert tops <= OPTIONAL | set(LAZY_REQUIREMENTS), (
+          f"{found[-1]}: move it to the top of the module (inside a function only an "
+          f"optional dependency: {sorted(OPTIONAL)})")
+  assert len(found) <= MAX_FUNCTION_IMPORTS, found
 
 
 def test_schedules_import_no_recurrence_type():

@@ -10,6 +10,7 @@ import pytest
 import t2mlr_jax
 from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig, forward, generate, init_params
 from t2mlr_jax.config import recurrence_from_dict
+
 from _util import max_abs, random_tokens
 
 T = 8

@@ -8,6 +8,7 @@ import numpy as np
 from t2mlr_jax import T2MLRConfig, init_params
 from t2mlr_jax.model.recurrence import t2mlr as rec
 from t2mlr_jax.model.span import previous_states
+
 from _util import tiny_cfg
 
 

@@ -21,6 +21,7 @@ from t2mlr_jax.train import tasks  # noqa: E402
 from t2mlr_jax.train.config import model_config  # noqa: E402
 from t2mlr_jax.train.loop import train  # noqa: E402
 from t2mlr_jax.train.metrics import read_metrics  # noqa: E402
+
 from _hf_fixtures import gsm8k_aug_records, make_llama_dir, make_tokenizer_dir  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))

@@ -68,8 +68,7 @@ def test_value_variants_fit_their_sequences_and_jacobi_covers_the_span(variant):
 def test_v2_staged_is_v2_after_one_character_values():
   """v2_staged differs from v2 only in its value curriculum: one-character values up to
   step 3000, then v2's two, in examples that fit v2's seq_len."""
-  from t2mlr_jax.train import config as config_lib
-  from t2mlr_jax.train import tasks
+  from t2mlr_jax.train import config as config_lib, tasks
   staged, v2 = s5_retrieval.get_config("v2_staged"), s5_retrieval.get_config("v2")
   diff = {k for k, v in config_lib.flatten(staged.to_dict()).items()
           if config_lib.flatten(v2.to_dict()).get(k) != v}

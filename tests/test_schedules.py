@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig, forward, init_params, loss
+from t2mlr_jax import LRTConfig, ModelConfig, forward, init_params, loss
+
 from _util import active_params, max_abs, random_tokens, tiny_cfg
 
 T = 6

@@ -9,6 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from t2mlr_jax.data import sft  # noqa: E402
 from t2mlr_jax.data.tokenizer import load_tokenizer  # noqa: E402
+
 from _hf_fixtures import gsm8k_aug_records, make_tokenizer_dir  # noqa: E402
 
 

@@ -9,6 +9,7 @@ from t2mlr_jax import ModelConfig, T2MLRConfig, sharding
 from t2mlr_jax.train.config import base_config
 from t2mlr_jax.train.optimizer import make_optimizer
 from t2mlr_jax.train.step import create_state, make_train_step, state_shardings
+
 from _util import random_tokens
 
 
@@ -97,6 +98,7 @@ def test_train_step_on_2x2x2_mesh_equals_one_device():
 
 def test_process_batch_slot_single_process_and_mesh_axis_types():
   import jax
+
   from t2mlr_jax import sharding
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)

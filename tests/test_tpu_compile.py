@@ -16,7 +16,6 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 
 from t2mlr_jax import sharding, topologies
-from t2mlr_jax.config import ModelConfig, T2MLRConfig
 from t2mlr_jax.model import kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -355,6 +355,7 @@ def test_progress_without_a_terminal_writes_one_line_per_update():
   """A log file or notebook cell cannot show the bar: each update becomes a line with the
   step, the logged values, the rate and the ETA."""
   import io
+
   from t2mlr_jax.train.metrics import Progress
   out = io.StringIO()                       # not a terminal
   bar = Progress(100, 20, stream=out)

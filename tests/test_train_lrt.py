@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from t2mlr_jax import checkpoint
-from t2mlr_jax.train import config as config_lib
-from t2mlr_jax.train import loop
+from t2mlr_jax.train import config as config_lib, loop
 from t2mlr_jax.train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

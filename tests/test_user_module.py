@@ -139,8 +139,9 @@ def test_the_type_declares_its_decay_groups_and_partition():
   Muon α is a scalar and W a matrix; W gets the row its type declares."""
   _register_examples()
   sys.path.insert(0, EXAMPLES)
-  import s5_echo
   from t2mlr_jax import sharding
+
+  import s5_echo
   cfg = model_config(s5_echo.get_config("tiny"))
   params = init_params(cfg, jax.random.PRNGKey(0))
   mask = decay_mask(params, cfg)

@@ -8,9 +8,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "configs"))
-import s5_retrieval  # noqa: E402
-
 from t2mlr_jax.train.config import recurrence_config  # noqa: E402
+
+import s5_retrieval  # noqa: E402
 
 
 def get_config(variant: str = ""):

@@ -20,6 +20,10 @@ import argparse
 import os
 import shutil
 
+from t2mlr_jax import checkpoint, cli, loading
+from t2mlr_jax.config import T2MLRConfig
+from t2mlr_jax.convert import gguf, hf
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
 
@@ -54,9 +58,6 @@ def main(argv=None):
   p.add_argument("--verbose", action="store_true", help="show the full traceback of an error")
   args = p.parse_args(argv)
 
-  from t2mlr_jax import checkpoint
-  from t2mlr_jax.config import T2MLRConfig
-  from t2mlr_jax.convert import hf
   if args.from_hf or args.from_gguf:
     if not args.to:
       p.error("--from-hf / --from-gguf need --to OUT")
@@ -67,7 +68,6 @@ def main(argv=None):
       recurrence = T2MLRConfig(l_start=args.l_start, l_end=args.l_end, gate_gain=args.gate_gain)
     checkpoint.check_export_target(args.to)       # before reading a multi-GB source
     if args.from_gguf:
-      from t2mlr_jax.convert import gguf
       cfg, copied = gguf.export_gguf(args.from_gguf, args.to, recurrence=recurrence,
                                      dtype=args.dtype)
       print(f"wrote {args.to} ({cfg.num_params():,} parameters; tokenizer files: {copied})")
@@ -79,7 +79,6 @@ def main(argv=None):
   else:
     if not args.to_hf:
       p.error("--from needs --to-hf HF_DIR")
-    from t2mlr_jax import loading
     cfg, params = checkpoint.load(args.from_ckpt, args.step)
     try:              # the tokenizer the model came with (a workdir's data or init_from)
       found = loading.find_tokenizer(args.from_ckpt, args.step)
@@ -95,5 +94,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  from t2mlr_jax import cli
   cli.guard(main)

@@ -19,10 +19,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import gguf
+import jax
+import jax.numpy as jnp
 import numpy as np
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from t2mlr_jax import checkpoint
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.convert import hf
+from t2mlr_jax.data.tokenizer import HFTokenizer
+from t2mlr_jax.model import recurrence as rec
 
 ARCHITECTURES = ("llama",)
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -46,7 +53,6 @@ CONTROL = 3                           # tokenizer.ggml.token_type of special tok
 
 
 def _open(path: str):
-  import gguf
   if not os.path.isfile(path):
     raise ValueError(f"GGUF file {path!r} does not exist")
   try:
@@ -107,7 +113,6 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _dequantize(tensor) -> np.ndarray:
-  import gguf
   qtype = tensor.tensor_type
   try:
     values = gguf.quants.dequantize(tensor.data, qtype)
@@ -149,9 +154,6 @@ def state_dict_from_gguf(reader, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 def tokenizer_from_gguf(meta: dict, path: str = ""):
   """The file's tokenizer as an `HFTokenizer` (byte-level BPE only)."""
-  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-
-  from t2mlr_jax.data.tokenizer import HFTokenizer
   kind = meta.get("tokenizer.ggml.model")
   if kind is None or "tokenizer.ggml.tokens" not in meta:
     raise ValueError(f"{path!r} has no tokenizer in its metadata (tokenizer.ggml.*): pass a "
@@ -195,8 +197,6 @@ def from_gguf(path: str, *, recurrence=None, dtype: str = "float32", seed: int =
   model computes the GGUF model's function exactly); LRT is refused. dtype: the
   parameters' dtype ("float32" or "bfloat16"; they are dequantized in fp32 first).
   """
-  import jax
-  import jax.numpy as jnp
   if dtype not in ("float32", "bfloat16"):
     raise ValueError(f"dtype={dtype!r} is invalid: allowed 'float32' or 'bfloat16'")
   hf.check_recurrence_type(recurrence, "from_gguf")
@@ -209,7 +209,6 @@ def from_gguf(path: str, *, recurrence=None, dtype: str = "float32", seed: int =
   sd = state_dict_from_gguf(reader, cfg)
   params = hf.base_params_from_state_dict(sd, cfg)
   if cfg.recurrence is not None:
-    from t2mlr_jax.model import recurrence as rec
     params["recurrence"] = jax.device_get(rec.init_params(cfg, jax.random.PRNGKey(seed)))
   if dtype == "bfloat16":
     params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16)), params)
@@ -220,7 +219,6 @@ def export_gguf(path: str, out: str, *, recurrence=None, dtype: str = "float32")
   """`from_gguf`, written as a parameter export at `out` (what training's
   `model.init_from` reads) with tokenizer.json / tokenizer_config.json beside it.
   Returns (cfg, the tokenizer files written)."""
-  from t2mlr_jax import checkpoint
   cfg, params, tokenizer = from_gguf(path, recurrence=recurrence, dtype=dtype)
   checkpoint.export(cfg, params, out)
   return cfg, tokenizer.save(out)

@@ -9,11 +9,19 @@ we would silently compute differently is refused with a ValueError.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Any, Mapping
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from safetensors import safe_open
+from safetensors.flax import save_file
 
 from t2mlr_jax.config import ModelConfig, RopeScaling, T2MLRConfig
+from t2mlr_jax.model import recurrence as rec
+from t2mlr_jax.model.transformer import init_params
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -150,8 +158,6 @@ def base_params_from_state_dict(sd: Mapping[str, Any], cfg: ModelConfig,
 
 def check_shapes(params, cfg: ModelConfig):
   """Every base weight has the shape cfg implies (clear error instead of wrong numbers)."""
-  import jax
-  from t2mlr_jax.model.transformer import init_params
   expected = jax.eval_shape(lambda: init_params(cfg.replace(recurrence=None),
                                                 jax.random.PRNGKey(0)))
   flat_exp = dict(jax.tree_util.tree_flatten_with_path(expected)[0])
@@ -191,8 +197,6 @@ _IGNORED = ("rotary_emb.inv_freq",)
 
 def _read_safetensors(path: str) -> dict:
   """All tensors of one .safetensors file as float32/int numpy arrays (bf16 included)."""
-  import os
-  from safetensors import safe_open
   if not os.path.isfile(path):
     raise ValueError(f"weights file {path!r} is missing")
   try:
@@ -209,8 +213,6 @@ def _read_safetensors(path: str) -> dict:
 
 def read_hf_state_dict(path: str) -> dict:
   """The weights of an HF directory: model.safetensors, or shards listed in the index."""
-  import json
-  import os
   index = os.path.join(path, WEIGHTS_INDEX)
   if os.path.isfile(index):
     with open(index) as f:
@@ -252,10 +254,6 @@ def from_hf(path: str, *, recurrence: T2MLRConfig | None = None, seed: int = 0, 
   t2mlr_recurrence.safetensors (written by `to_hf`), those weights are used instead.
   `overrides` set ModelConfig fields.
   """
-  import json
-  import os
-
-  import jax
   check_recurrence_type(recurrence, "from_hf")
   cfg_path = os.path.join(path, "config.json")
   if not os.path.isfile(cfg_path):
@@ -275,7 +273,6 @@ def from_hf(path: str, *, recurrence: T2MLRConfig | None = None, seed: int = 0, 
     if os.path.isfile(weights):
       params["recurrence"] = recurrence_from_state_dict(_read_safetensors(weights), cfg)
     else:
-      from t2mlr_jax.model import recurrence as rec
       params["recurrence"] = jax.device_get(rec.init_params(cfg, jax.random.PRNGKey(seed)))
   return cfg, params
 
@@ -317,7 +314,6 @@ def _hf_state_dict(cfg: ModelConfig, params) -> dict:
 def _write_atomically(path: str, write) -> None:
   """`write(tmp)` then rename onto `path`: an interrupted export leaves no partial file
   under a name a loader reads."""
-  import os
   tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.partial")
   try:
     write(tmp)
@@ -328,8 +324,6 @@ def _write_atomically(path: str, write) -> None:
 
 
 def _save_safetensors(tensors: dict, path: str, dtype: str) -> None:
-  import jax.numpy as jnp
-  from safetensors.flax import save_file
   target = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
   _write_atomically(path, lambda tmp: save_file(
       {k: jnp.asarray(np.ascontiguousarray(v)).astype(target) for k, v in tensors.items()},
@@ -337,8 +331,6 @@ def _save_safetensors(tensors: dict, path: str, dtype: str) -> None:
 
 
 def _save_json(obj, path: str) -> None:
-  import json
-
   def write(tmp):
     with open(tmp, "w") as f:
       json.dump(obj, f, indent=2)
@@ -381,9 +373,6 @@ def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32",
 
   Each file is written under a temporary name and renamed, config.json last: a directory
   with a config.json holds the whole export."""
-  import os
-
-  import jax
   if dtype not in ("float32", "bfloat16"):
     raise ValueError(f"dtype={dtype!r} is invalid: allowed 'float32' or 'bfloat16'")
   check_llama_compatible(cfg)

@@ -18,6 +18,7 @@ import os
 from typing import Any, Mapping, Union
 
 import numpy as np
+from safetensors.numpy import load_file
 
 from t2mlr_jax.config import T2MLRConfig
 from t2mlr_jax.convert import hf
@@ -31,13 +32,12 @@ def load_state_dict(path: str) -> dict:
   if not os.path.isfile(path):
     raise ValueError(f"state dict file {path!r} does not exist")
   if path.endswith(".safetensors"):
-    from safetensors.numpy import load_file
     try:
       return load_file(path)
     except Exception as e:  # corrupt or truncated file
       raise ValueError(f"cannot read safetensors file {path!r}: {e}") from e
   if path.endswith((".bin", ".pt", ".pth")):
-    import torch
+    import torch  # noqa: PLC0415  (optional: torch is no install requirement; .bin/.pt only)
     sd = torch.load(path, map_location="cpu", weights_only=True)
     return sd.get("state_dict", sd) if isinstance(sd, dict) else sd
   raise ValueError(f"state dict path {path!r}: allowed suffixes .safetensors, .bin, .pt, .pth")

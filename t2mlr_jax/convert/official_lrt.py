@@ -38,6 +38,7 @@ import numpy as np
 
 from t2mlr_jax.config import FLOAT32_EPS, LRTConfig, ModelConfig
 from t2mlr_jax.convert.hf import to_numpy
+from t2mlr_jax.convert.official import load_state_dict
 
 SUPPORTED = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd",
              "window_pattern", "use_value_embeds", "ve_every_layer", "use_x0_residual",
@@ -51,7 +52,6 @@ def _load(path: str) -> dict:
   if path.endswith(".npz"):
     with np.load(path) as z:
       return dict(z)
-  from t2mlr_jax.convert.official import load_state_dict
   return load_state_dict(path)
 
 

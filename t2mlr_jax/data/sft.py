@@ -18,6 +18,7 @@ import os
 from typing import Optional, Sequence
 
 import numpy as np
+import tensorflow_datasets as tfds
 
 from t2mlr_jax.losses import IGNORE
 
@@ -68,7 +69,6 @@ def open_tfds(spec: str, data_dir: Optional[str] = None):
   if not sep or not name or not split:
     raise ValueError(f"data path {TFDS_PREFIX + spec!r} is invalid: allowed "
                      f"'{TFDS_PREFIX}NAME:SPLIT', e.g. 'tfds:gsm8k:train'")
-  import tensorflow_datasets as tfds
   try:
     source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
   except Exception as e:     # tfds raises several types; all mean "not readable here"

@@ -18,6 +18,10 @@ import json
 import os
 from typing import Iterator, Optional
 
+import pyarrow.parquet as pq
+
+from t2mlr_jax.data.sft import _to_text, open_tfds
+
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 TFDS_PREFIX = "tfds:"
 
@@ -85,7 +89,6 @@ def _read_jsonl(path: str, field: str) -> Iterator[str]:
 
 
 def _read_parquet(path: str, field: str) -> Iterator[str]:
-  import pyarrow.parquet as pq
   table = pq.ParquetFile(path)
   names = table.schema_arrow.names
   if field not in names:
@@ -98,7 +101,6 @@ def _read_parquet(path: str, field: str) -> Iterator[str]:
 
 
 def _read_tfds(spec: str, field: str, data_dir: Optional[str]) -> Iterator[str]:
-  from t2mlr_jax.data.sft import _to_text, open_tfds
   source, name, split = open_tfds(spec, data_dir)
   if len(source) == 0:
     raise ValueError(f"TFDS dataset {name!r} split {split!r} holds no records")

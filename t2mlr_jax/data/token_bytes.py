@@ -4,13 +4,16 @@ the byte tokenizer's (1 per byte id, 0 for specials) and a byte-level BPE
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+
+from t2mlr_jax.data import byte_tokenizer as bt
 
 
 def byte_tokenizer_lengths() -> np.ndarray:
   """[V] UTF-8 bytes of each id of the library's byte tokenizer: 0 for <pad>/<bos>/<eos>,
   1 for each byte id."""
-  from t2mlr_jax.data import byte_tokenizer as bt
   lengths = np.ones(bt.VOCAB_SIZE, np.int32)
   lengths[:bt.OFFSET] = 0
   return lengths
@@ -33,7 +36,6 @@ def hf_token_lengths(tokenizer) -> np.ndarray:
   """[V] UTF-8 bytes of each id of a byte-level BPE `tokenizer.json` (GPT-2, Llama-3,
   SmolLM2, nanochat style): the token's characters mapped back to bytes; 0 for special
   (added, special=True) tokens. `tokenizer`: a `t2mlr_jax.data.tokenizer.HFTokenizer`."""
-  import json
   tok = tokenizer.tokenizer
   spec = json.loads(tok.to_str())
   kinds = {(spec.get("pre_tokenizer") or {}).get("type"), (spec.get("decoder") or {}).get("type")}

@@ -8,9 +8,14 @@ does (sandboxed, trim_blocks, lstrip_blocks, `raise_exception`).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from typing import Optional, Sequence
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
 
 
 def _token_text(value) -> Optional[str]:
@@ -26,7 +31,6 @@ class HFTokenizer:
   """encode/decode/chat-template over a `tokenizers.Tokenizer` and its config."""
 
   def __init__(self, path: str):
-    from tokenizers import Tokenizer
     file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(file):
       raise ValueError(f"{path!r} has no tokenizer.json (only fast tokenizers are supported)")
@@ -95,11 +99,6 @@ class HFTokenizer:
 
 def render_chat_template(template: str, messages: list[dict], **variables) -> str:
   """Render like transformers' apply_chat_template(tokenize=False)."""
-  import datetime
-
-  from jinja2.exceptions import TemplateError
-  from jinja2.sandbox import ImmutableSandboxedEnvironment
-
   def raise_exception(message):
     raise TemplateError(message)
 

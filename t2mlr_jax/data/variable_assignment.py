@@ -30,10 +30,14 @@ docs/experiments.md#tasks and this module do not.
 
 from __future__ import annotations
 
+import json
 import string
 from typing import Sequence, Union
 
 import numpy as np
+
+from t2mlr_jax import paths
+from t2mlr_jax.data import byte_tokenizer
 
 PROMPT_HEADER = "Variable assignment. Follow the assignments and fill in the blank.\n"
 ANSWER_PREFIX = "Answer: |"
@@ -134,7 +138,6 @@ def tokenize_example(example: dict, tokenizer=None) -> dict[str, np.ndarray]:
   positions are added later. target_ids[t] is the id that position t predicts
   (-100 where not supervised): the last prompt position predicts the answer.
   """
-  from t2mlr_jax.data import byte_tokenizer
   tok = tokenizer or byte_tokenizer.TOKENIZER
   prompt = [tok.bos_id] + tok.encode(example["prompt"])
   answer = tok.encode(example["answer"]) + [tok.eos_id]
@@ -150,7 +153,6 @@ def control_flow(input_ids, tokenizer=None) -> np.ndarray:
   through the prompt (up to and including the answer prefix ANSWER_PREFIX's tokens, its last
   occurrence in the row), 2 after it; the tokenizer's pad id is 0. Rows without the
   prefix are refused (not a variable-assignment prompt)."""
-  from t2mlr_jax.data import byte_tokenizer
   tok = tokenizer or byte_tokenizer.TOKENIZER
   marker = np.asarray(tok.encode(ANSWER_PREFIX), np.int64)
   ids = np.asarray(input_ids)
@@ -240,9 +242,6 @@ def sft_record(example: dict, *, steps: bool = True) -> dict[str, str]:
 def write_sft_jsonl(path: str, num_examples: int, *, seed: int, steps: bool = True,
                     **kwargs) -> None:
   """`num_examples` records (example i from (seed, i)) as JSONL, written whole or not at all."""
-  import json
-
-  from t2mlr_jax import paths
   _check_count("num_examples", num_examples, 1)
   paths.write_text(path, "".join(
       json.dumps(sft_record(generate_example((seed, i), **kwargs), steps=steps)) + "\n"

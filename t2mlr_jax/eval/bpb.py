@@ -12,8 +12,11 @@ import math
 import jax
 import jax.numpy as jnp
 
+from t2mlr_jax.data.pipeline import OPTIONAL_PAD_VALUES, PAD_VALUES
+from t2mlr_jax.eval.runner import for_mesh, mesh_context, to_host
 from t2mlr_jax.losses import token_nll
 from t2mlr_jax.model.api import apply_model
+from t2mlr_jax.sharding import shard_eval_batch
 
 
 def bpb_sums(logits_BTV, labels_BT, token_bytes_V, mask_BT=None):
@@ -44,9 +47,6 @@ def evaluate_bpb(params, cfg, batches, token_bytes_V, mode: str = "exact", mesh=
   """{'loss' (mean nats per supervised token), 'bpb', 'tokens', 'bytes'} of a model over
   fixed batches (input_ids, target_ids, positions, ...) under one forward mode; with a
   mesh, each batch split over its batch axes like a training batch."""
-  from t2mlr_jax.data.pipeline import OPTIONAL_PAD_VALUES, PAD_VALUES
-  from t2mlr_jax.eval.runner import for_mesh, mesh_context, to_host
-  from t2mlr_jax.sharding import shard_eval_batch
   token_bytes_V = jnp.asarray(token_bytes_V, jnp.int32)
   nll_sum, count, nats, nbytes = 0.0, 0, 0.0, 0
   cfg = for_mesh(cfg, mesh)

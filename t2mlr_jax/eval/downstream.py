@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2mlr_jax.data import multiple_choice as mc
-from t2mlr_jax.data import sft
+from t2mlr_jax.data import multiple_choice as mc, sft
 from t2mlr_jax.eval import answers
 from t2mlr_jax.losses import token_nll
 from t2mlr_jax.model.decode import generate

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
+from t2mlr_jax.data.pipeline import OPTIONAL_PAD_VALUES, PAD_VALUES
 from t2mlr_jax.losses import token_nll
 from t2mlr_jax.model.api import AnyModelConfig, apply_model
+from t2mlr_jax.model.kernels import for_devices
+from t2mlr_jax.sharding import shard_eval_batch
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mode"))
@@ -23,14 +28,12 @@ def _eval_batch(params, batch, cfg, mode):
 def for_mesh(cfg, mesh):
   """cfg with its attention kernel resolved for the mesh's devices (unchanged without a
   mesh, or for the LSTM)."""
-  from t2mlr_jax.model.kernels import for_devices
   return cfg if mesh is None else for_devices(cfg, mesh.devices.flat)
 
 
 def mesh_context(mesh):
   """The mesh's abstract form in context while a step traces (its batch axes for the
   activation constraints, its devices' kind for the kernels); nothing without a mesh."""
-  import contextlib
   return (contextlib.nullcontext() if mesh is None
           else jax.sharding.use_abstract_mesh(mesh.abstract_mesh))
 
@@ -40,7 +43,6 @@ def to_host(x) -> np.ndarray:
   processes (a multi-host run): gathered with multihost_utils then."""
   if getattr(x, "is_fully_addressable", True):
     return np.asarray(x)
-  from jax.experimental import multihost_utils
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
@@ -48,8 +50,6 @@ def evaluate(params, cfg: AnyModelConfig, batches, metrics_factory, mode: str = 
              mesh=None) -> dict:
   """{'loss': mean NLL over supervised tokens, **task metrics} over `batches`. With a
   mesh (the trainer's), each batch is split over its batch axes like a training batch."""
-  from t2mlr_jax.data.pipeline import OPTIONAL_PAD_VALUES, PAD_VALUES
-  from t2mlr_jax.sharding import shard_eval_batch
   acc = metrics_factory()
   nll_sum, count = 0.0, 0
   cfg = for_mesh(cfg, mesh)

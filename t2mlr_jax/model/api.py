@@ -9,11 +9,14 @@ from typing import Optional, Union
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.losses import (chunked_cross_entropy, cross_entropy, next_token_labels,
-                              supervised)
+from t2mlr_jax.losses import chunked_cross_entropy, cross_entropy, next_token_labels, supervised
 from t2mlr_jax.model import lstm
-from t2mlr_jax.model.modes import forward, hidden_modes, hidden_states
-from t2mlr_jax.model.modes import mode_options as resolve_mode_options
+from t2mlr_jax.model.modes import (
+  forward,
+  hidden_modes,
+  hidden_states,
+  mode_options as resolve_mode_options,
+)
 from t2mlr_jax.model.transformer import head, init_params
 from t2mlr_jax.registry import SCHEDULES
 

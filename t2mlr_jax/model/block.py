@@ -11,8 +11,15 @@ import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence
-from t2mlr_jax.model.layers import (KV, MLP, Attention, LayerSide, compute_dtype, norm,
-                                    value_embed_mixer)
+from t2mlr_jax.model.layers import (
+  KV,
+  MLP,
+  Attention,
+  LayerSide,
+  compute_dtype,
+  norm,
+  value_embed_mixer,
+)
 
 
 class Block(nn.Module):

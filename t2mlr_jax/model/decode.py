@@ -25,9 +25,16 @@ from t2mlr_jax.model.layers import KV, attention_mask, rope_tables, to_cache
 from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, parallel
 from t2mlr_jax.model.sequence import side_inputs
 from t2mlr_jax.model.span import run_span
-from t2mlr_jax.model.transformer import (LayerCtx, embed, head, run_layers, split_layers,
-                                        value_embed_inputs)
+from t2mlr_jax.model.transformer import (
+  LayerCtx,
+  embed,
+  head,
+  run_layers,
+  split_layers,
+  value_embed_inputs,
+)
 from t2mlr_jax.registry import SCHEDULES
+
 
 def prefill_methods() -> tuple[str, ...]:
   """How a prompt can be prefilled: "exact", and each schedule that declares a parallel

@@ -29,6 +29,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as sa
+from jax.sharding import PartitionSpec as P
 
 from t2mlr_jax.config import ATTENTION_IMPLS, invalid
 from t2mlr_jax.model.attention import attend
@@ -140,7 +142,6 @@ def attend_full(impl: str, q_BTNK, k_BTMK, v_BTMK, mask_BTT, segments_BT, window
 
 @functools.lru_cache(maxsize=None)
 def _splash_kernel(heads: int, T: int, interpret: bool, window=None):
-  from jax.experimental.pallas.ops.tpu import splash_attention as sa
   if window is None or window >= T - 1:
     one = sa.CausalMask((T, T))
   else:                    # 0 <= t - s <= window: the causal band of the local window
@@ -160,8 +161,6 @@ def _splash(q_BTNK, k_BTMK, v_BTMK, segments_BT, window=None):
   """Splash over a mesh: a Pallas kernel is opaque to XLA's partitioner, so under the
   train step's mesh it runs per shard (jax.shard_map): the batch split over
   ('data', 'fsdp') and the heads over 'tensor' where they divide, else replicated."""
-  from jax.sharding import PartitionSpec as P
-
   local = functools.partial(_splash_local, window=window)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
@@ -177,7 +176,6 @@ def _splash(q_BTNK, k_BTMK, v_BTMK, segments_BT, window=None):
 
 
 def _splash_local(q_BTNK, k_BTMK, v_BTMK, segments_BT, window=None):
-  from jax.experimental.pallas.ops.tpu import splash_attention as sa
   B, T, N, K = q_BTNK.shape
   G = N // k_BTMK.shape[2]
   kernel = _splash_kernel(N, T, target().platform == "cpu", window)   # interpret on CPUs

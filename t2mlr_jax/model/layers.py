@@ -25,7 +25,6 @@ from t2mlr_jax.model import kernels
 from t2mlr_jax.model.attention import NEG_INF, attend
 
 
-
 def compute_dtype(cfg: ModelConfig):
   return jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
 

@@ -26,9 +26,17 @@ from t2mlr_jax.model import recurrence, transformer
 from t2mlr_jax.model.control_flow import CF_PLAIN, CF_RECURRENT
 from t2mlr_jax.model.layers import KV, Rope, from_cache, to_cache
 from t2mlr_jax.model.schedules import SCHEDULES
-from t2mlr_jax.model.sequence import (ModeOut, SeqInputs, context, logits,
-                                      positions_from_segments, run_segment, segments,
-                                      side_inputs, stacked)
+from t2mlr_jax.model.sequence import (
+  ModeOut,
+  SeqInputs,
+  context,
+  logits,
+  positions_from_segments,
+  run_segment,
+  segments,
+  side_inputs,
+  stacked,
+)
 from t2mlr_jax.model.transformer import LayerCtx, embed, value_embed_inputs
 
 BUILTIN_MODES = ("parallel", "exact")      # every other mode is a registered schedule

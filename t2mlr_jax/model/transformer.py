@@ -19,11 +19,17 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.sharding import constrain_batch
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.block import Block
-from t2mlr_jax.model.layers import (LayerSide, Rope, compute_dtype, final_norm,
-                                    rms_normalize, rope_tables)
+from t2mlr_jax.model.layers import (
+  LayerSide,
+  Rope,
+  compute_dtype,
+  final_norm,
+  rms_normalize,
+  rope_tables,
+)
+from t2mlr_jax.sharding import constrain_batch
 
 # Leaves of the backbone weight decay leaves alone (`train/optimizer.py`): norm scales,
 # biases, nanochat's per-layer α / β; a recurrence type declares its own.

@@ -11,9 +11,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Union
 
+from absl import logging
 from ml_collections import config_dict
 
 from t2mlr_jax.config import ModelConfig, invalid, recurrence_from_dict
+from t2mlr_jax.convert.pretrained import pretrained_config
+from t2mlr_jax.flops import exact_bptt_bytes
+from t2mlr_jax.model.kernels import check_available
 from t2mlr_jax.model.lstm import LSTMConfig
 from t2mlr_jax.model.modes import hidden_modes, mode_names, mode_options
 from t2mlr_jax.registry import RECURRENCES, default_recurrence
@@ -192,7 +196,6 @@ def _recurrence(config):
 def _init_from_config(config) -> ModelConfig:
   """A pretrained model's shape (HF config.json or export model.json) + this config's
   recurrence and runtime fields (dtype, remat, scan_layers, max_seq_len)."""
-  from t2mlr_jax.convert.pretrained import pretrained_config
   m = config.model
   return pretrained_config(m.init_from, recurrence=_recurrence(config), dtype=m.dtype,
                            remat=m.remat, scan_layers=m.scan_layers, max_seq_len=m.max_seq_len,
@@ -303,7 +306,6 @@ def validate(config):
   cfg = model_config(config)
   mode = train_mode(config, cfg)
   if isinstance(cfg, ModelConfig):
-    from t2mlr_jax.model.kernels import check_available
     try:
       check_available(cfg.attention, cfg.dtype)
     except ValueError as e:
@@ -337,8 +339,6 @@ EXACT_BPTT_WARN_BYTES = 4 * 2**30
 def _warn_exact_memory(cfg, batch_size: int, seq_len: int) -> None:
   """train.mode="exact" backpropagates through T token steps, each keeping the recurrent
   block's whole KV cache: memory quadratic in T. Warn with the estimate when it is large."""
-  from absl import logging
-  from t2mlr_jax.flops import exact_bptt_bytes
   need = exact_bptt_bytes(cfg, batch_size, seq_len)
   if need > EXACT_BPTT_WARN_BYTES:
     logging.warning(

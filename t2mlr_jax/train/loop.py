@@ -18,16 +18,24 @@ import time
 import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
+from tqdm import tqdm
 
-from t2mlr_jax import checkpoint as ckpt_lib
-from t2mlr_jax import distributed, flops, paths, sharding
+import t2mlr_jax
+from t2mlr_jax import checkpoint as ckpt_lib, distributed, flops, paths, sharding
+from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.convert.pretrained import load_pretrained
 from t2mlr_jax.data.pipeline import make_iterator
-from t2mlr_jax.train import config as config_lib
-from t2mlr_jax.train import tasks as tasks_lib
+from t2mlr_jax.train import config as config_lib, tasks as tasks_lib
 from t2mlr_jax.train.metrics import MetricsWriter, Progress
 from t2mlr_jax.train.optimizer import make_optimizer
-from t2mlr_jax.train.step import (abstract_state, check_batch, create_state, make_train_step,
-                                  state_shardings)
+from t2mlr_jax.train.step import (
+  abstract_state,
+  check_batch,
+  create_state,
+  make_train_step,
+  state_shardings,
+)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -59,7 +67,6 @@ class _StopSignal:
 
 
 def _record_run(workdir, config):
-  import t2mlr_jax
   info = {"library_version": t2mlr_jax.__version__, "jax_version": jax.__version__,
           "devices": [str(d) for d in jax.devices()], "process_count": jax.process_count(),
           "python": platform.python_version(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -77,7 +84,6 @@ WINDOW_MEANS = ("loss", "jacobi_sweeps")
 def _say(message: str) -> None:
   """A status line for the console (process 0 only), above the progress bar."""
   if jax.process_index() == 0:
-    from tqdm import tqdm
     tqdm.write(message)
   logging.info("%s", message)
 
@@ -124,7 +130,6 @@ def _check_same_data_layout(meta: dict, slots: int, workdir, step: int) -> None:
 
 def _init_from_pretrained(state, config, cfg, tx, shardings):
   """Replace fresh parameters by a pretrained model's (recurrence added with γ = 0)."""
-  from t2mlr_jax.convert.pretrained import load_pretrained
   _, params = load_pretrained(config.model.init_from, recurrence=cfg.recurrence,
                               seed=config.train.seed)
   params = jax.device_put(params, shardings.params)
@@ -148,7 +153,6 @@ def _unreadable(workdir, step, ckpt, error) -> ValueError:
 def _step_flops(cfg, t, mode):
   """Model FLOPs of one train step (docs/performance.md#cost-model; fixed sweeps), 0 if
   unknown."""
-  from t2mlr_jax.config import ModelConfig
   if not isinstance(cfg, ModelConfig):
     return 0.0
   return flops.train_step_flops(cfg, t.batch_size, t.seq_len, mode)
@@ -181,7 +185,6 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
            f"{root / ckpt_lib.SET_ASIDE} (kept, not deleted)")
   if resume_step is not None and jax.process_count() > 1:
     # the other processes open the checkpoints only once process 0 has moved them
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("t2mlr_jax resume_step")
 
   # Everything opened below is closed on every way out: a refused resume or a failed

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from typing import Mapping, Optional
 
 import numpy as np
+from absl import flags, logging
+from tqdm import tqdm
 
 from t2mlr_jax import paths
 
@@ -32,7 +36,6 @@ def _scalars(metrics: Mapping, prefix: str = "") -> dict:
 def quiet_absl_logs() -> None:
   """Orbax logs every checkpoint step at INFO: keep command-line runs to warnings
   unless --verbosity was given."""
-  from absl import flags, logging
   if "verbosity" in flags.FLAGS and not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
 
@@ -52,7 +55,9 @@ class MetricsWriter:
     if enabled:
       if self._remote and self.path.exists():
         self._lines = self.path.read_text().splitlines(keepends=True)
-      from tensorboardX import SummaryWriter
+      # here, not at the top: tensorboardX's writer imports torch whenever torch is
+      # installed (2 s), which every command importing the trainer would pay at startup
+      from tensorboardX import SummaryWriter  # noqa: PLC0415
       self._tb = SummaryWriter(str(root / "tensorboard"))
 
   def truncate_after(self, step: int) -> None:
@@ -108,21 +113,17 @@ class Progress:
   never silent between evaluations."""
 
   def __init__(self, total: int, initial: int, enabled: bool = True, stream=None):
-    import sys
-    import time
     self.bar, self.lines = None, None
     self.total, self.done, self.start, self.first = total, initial, time.perf_counter(), initial
     if not enabled:
       return
     if getattr(sys.stderr if stream is None else stream, "isatty", lambda: False)():
-      from tqdm import tqdm
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
                       file=stream)
     else:                      # lines go to stdout unless a stream is given
       self.lines = sys.stdout if stream is None else stream
 
   def update(self, steps: int, **postfix) -> None:
-    import time
     self.done += steps
     shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()}
     if self.bar is not None:

@@ -22,8 +22,8 @@ import optax
 from t2mlr_jax import sharding
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import kernels, recurrence
-from t2mlr_jax.model.api import (AnyModelConfig, init_model, loss as model_loss,
-                                   loss_token_totals)
+from t2mlr_jax.model.api import AnyModelConfig, init_model, loss as model_loss, loss_token_totals
+
 
 class TrainState(flax.struct.PyTreeNode):
   step: jnp.ndarray           # int32 scalar: updates applied

@@ -11,8 +11,13 @@ from typing import Callable, NamedTuple, Optional
 
 from t2mlr_jax.config import invalid
 from t2mlr_jax.data import pipeline, s5, sft, variable_assignment
+from t2mlr_jax.data.lm import BlockSource, read_manifest, spread, token_bytes
+from t2mlr_jax.data.tokenizer import load_tokenizer
+from t2mlr_jax.eval.bpb import evaluate_bpb
+from t2mlr_jax.eval.runner import evaluate
 from t2mlr_jax.eval.s5 import S5Metrics
 from t2mlr_jax.eval.sequence import SequenceMetrics
+
 EVAL_SEED_OFFSET = 1_000_003      # eval examples never share seeds with training ones
 
 
@@ -130,7 +135,6 @@ def _va_max_len(config):
 
 
 def _tokenizer(config):
-  from t2mlr_jax.data.tokenizer import load_tokenizer
   path = config.data.tokenizer or config.model.init_from
   if not path:
     _fail("data.tokenizer", path, "a directory with tokenizer.json (or set model.init_from)")
@@ -140,7 +144,6 @@ def _tokenizer(config):
 @functools.lru_cache(maxsize=4)
 def _sft_examples(path, tokenizer_dir, seq_len, fmt, chat, add_bos, packed, too_long, limit,
                   tfds_data_dir):
-  from t2mlr_jax.data.tokenizer import load_tokenizer
   return sft.SFTSource(path, load_tokenizer(tokenizer_dir), seq_len=seq_len, fmt=fmt, chat=chat,
                        add_bos=add_bos, packed=packed, too_long=too_long, limit=limit,
                        tfds_data_dir=tfds_data_dir)
@@ -174,7 +177,6 @@ def _sft_max_len(config):
 
 
 def _lm_source(config, split):
-  from t2mlr_jax.data.lm import BlockSource
   d = config.data
   if not d.path:
     _fail("data.path", d.path, "a prepared dataset directory (python -m "
@@ -188,7 +190,6 @@ def _lm_train_source(config, num_examples):
 
 
 def _lm_eval_batches(config):
-  from t2mlr_jax.data.lm import spread
   n = config.data.eval_blocks
   if n is not None and n < 1:
     _fail("data.eval_blocks", n, "None (every block) or an integer >= 1")
@@ -198,14 +199,11 @@ def _lm_eval_batches(config):
 
 
 def _lm_evaluate(config, params, cfg, batches, mode, mesh=None):
-  from t2mlr_jax.data.lm import token_bytes
-  from t2mlr_jax.eval.bpb import evaluate_bpb
   return evaluate_bpb(params, cfg, batches, token_bytes(config.data.path), mode=mode,
                       mesh=mesh)
 
 
 def _lm_block_size(config):
-  from t2mlr_jax.data.lm import read_manifest
   if not config.data.path:
     _fail("data.path", config.data.path, "a prepared dataset directory")
   try:
@@ -241,7 +239,6 @@ def run_eval(task: Task, config, params, cfg, batches, mode: str = "exact", mesh
   trainer's mesh: batches split over its batch axes, as training's are)."""
   if task.evaluate is not None:
     return task.evaluate(config, params, cfg, batches, mode, mesh)
-  from t2mlr_jax.eval.runner import evaluate
   return evaluate(params, cfg, batches, task.metrics, mode=mode, mesh=mesh)
 
 
@@ -255,7 +252,6 @@ def eval_views(task: Task, cfg, train_mode: str) -> tuple[str, ...]:
 
 
 def _validate_lm(config) -> None:
-  from t2mlr_jax.data.lm import read_manifest
   d = config.data
   manifest = read_manifest(d.path)
   block, m = manifest["block_size"], config.model

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model.control_flow import CF_PAD, CF_PLAIN, CF_RECURRENT
+
 # the built-in types register themselves on import (each file ends with its declaration)
 from t2mlr_jax.model.recurrence import lrt, none, t2mlr  # noqa: F401
 from t2mlr_jax.registry import RECURRENCES, RecurrenceType

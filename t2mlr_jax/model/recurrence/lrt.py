@@ -28,8 +28,15 @@ import jax.numpy as jnp
 
 from t2mlr_jax.config import LRTConfig, ModelConfig
 from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
-from t2mlr_jax.model.layers import (KV, LayerSide, apply_rope, compute_dtype, final_norm,
-                                    matmul_fp32, rms_normalize)
+from t2mlr_jax.model.layers import (
+  KV,
+  LayerSide,
+  apply_rope,
+  compute_dtype,
+  final_norm,
+  matmul_fp32,
+  rms_normalize,
+)
 from t2mlr_jax.registry import RECURRENCES, RecurrenceType
 
 

@@ -28,7 +28,6 @@ from t2mlr_jax.model.layers import matmul_fp32
 from t2mlr_jax.registry import RECURRENCES, RecurrenceType
 
 
-
 def _torch_linear_uniform(key, shape, dtype=jnp.float32):
   """PyTorch's default nn.Linear init: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
   bound = 1.0 / jnp.sqrt(shape[0])

@@ -71,7 +71,7 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
 
   # Pass 0: every position, every state zero; keep every layer's keys/values.
   x, bufs, H, h_lo = x0, [], None, x0
-  for name, lo, hi in cfg.segments:
+  for name, lo, _ in cfg.segments:
     if name == "middle":
       h_lo = x
       # every state zero: the memory of the parallel pass (`context`), as `parallel` runs

@@ -18,8 +18,16 @@ import numpy as np
 
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence
-from t2mlr_jax.model.sequence import (ModeOut, SeqInputs, context, logits, run_block,
-                                      run_segment, segments, stacked)
+from t2mlr_jax.model.sequence import (
+  ModeOut,
+  SeqInputs,
+  context,
+  logits,
+  run_block,
+  run_segment,
+  segments,
+  stacked,
+)
 from t2mlr_jax.model.span import previous_states, run_span, zero_states
 from t2mlr_jax.model.transformer import embed
 from t2mlr_jax.registry import SCHEDULES, Schedule
