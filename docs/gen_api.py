@@ -406,7 +406,16 @@ class Renderer:
     from t2mlr_jax.train import config as config_lib
     base = config_lib.base_config()
     order, comments, notes = base_config_comments(config_lib.base_config)
-    # the recurrence group is the default type's config class: its fields and comments
+    # the model group is the default family's config class (arch and init_from first),
+    # the recurrence group the default type's: their fields and comments
+    model_cls = registry.default_family().config
+    order["model"] = ["arch", "init_from"] + [f.name for f in dataclasses.fields(model_cls)]
+    if "model" not in order["."]:
+      order["."].insert(0, "model")
+    comments.update({f"model.{k}": v for k, v in field_comments(model_cls).items()})
+    comments["model.arch"] = ("a registered model family: "
+                              + ", ".join(registry.FAMILIES.names()))
+    comments["model.init_from"] = "HF directory or export to start from"
     rec_cls = registry.default_recurrence().config
     order["model.recurrence"] = ["type"] + [f.name for f in dataclasses.fields(rec_cls)]
     comments.update({f"model.recurrence.{k}": v for k, v in field_comments(rec_cls).items()})

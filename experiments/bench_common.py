@@ -25,16 +25,22 @@ def git_commit() -> str:
 
 def apply_overrides(config, overrides: dict, what: str):
   """Set dotted fields ("model.recurrence.d_forward": 8) of an ml_collections config, as
-  --config.<field>= flags do; a field the config lacks is an error naming `what`."""
-  for key, value in overrides.items():
-    node, *path = key.split(".")
-    node = config[node]
-    for part in path[:-1]:
-      node = node[part]
-    if path[-1] not in node:
-      raise SystemExit(f"{what}: {key} is not a config field")
-    node[path[-1]] = value
+  --config.<field>= flags do (ml_collections' own flattened update, which would skip an
+  unknown field silently: one the config lacks is an error naming `what`)."""
+  flat = {".".join(k): v for k, v in _flat_keys(config.to_dict())}
+  missing = sorted(set(overrides) - set(flat))
+  if missing:
+    raise SystemExit(f"{what}: {missing[0]} is not a config field")
+  config.update_from_flattened_dict(dict(overrides))
   return config
+
+
+def _flat_keys(d: dict, prefix=()):
+  for k, v in d.items():
+    if isinstance(v, dict):
+      yield from _flat_keys(v, prefix + (k,))
+    else:
+      yield prefix + (k,), v
 
 
 def machine_info() -> dict:

@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from t2mlr_jax import flops, sharding, topologies
-from t2mlr_jax.config import PRESETS, ModelConfig
+from t2mlr_jax.config import PRESETS
 from t2mlr_jax.convert.pretrained import pretrained_config
 from t2mlr_jax.eval import bpb, runner
-from t2mlr_jax.model import decode, kernels
+from t2mlr_jax.model import decode
+from t2mlr_jax.registry import family_of
 from t2mlr_jax.train import config as config_lib
 from t2mlr_jax.train.optimizer import make_optimizer
 from t2mlr_jax.train.step import abstract_state, check_batch, make_train_step, state_shardings
@@ -191,8 +192,8 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
   mesh = sharding.make_mesh(dict(config.mesh), devices, getattr(cfg, "d_model", None))
   k = t.get("grad_accum_steps", 1)
   check_batch(t.batch_size, k, mesh)
-  if isinstance(cfg, ModelConfig):
-    cfg = kernels.for_devices(cfg, devices)
+  family = family_of(cfg)
+  cfg = family.for_devices(cfg, devices)
   tx, schedule = make_optimizer(config.optimizer, t.num_steps, cfg)
   state = abstract_state(cfg, tx)
   shardings = state_shardings(cfg, tx, mesh)
@@ -217,15 +218,15 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
     step = make_train_step(cfg, tx, schedule, mode, mesh, t.get("loss_chunk"), k)
     args = (_abstract(state, shardings), _batch(batch_keys(config), t.batch_size, t.seq_len,
                                                 mesh))
-    step_flops = (flops.train_step_flops(cfg, t.batch_size, t.seq_len, mode)
-                  if isinstance(cfg, ModelConfig) else None)
+    step_flops = family.train_step_flops(cfg, t.batch_size, t.seq_len, mode)
     jax_steps.append(("train", step, args, step_flops, {"mode": mode}))
   params_abs = _abstract(state.params, shardings.params)
   if "eval" in steps:
     jax_steps.append(_eval_step(config, cfg, mesh, params_abs))
   if "decode" in steps:
-    if not isinstance(cfg, ModelConfig):
-      _fail("--steps", "decode", "train or eval for an LSTM (it has no decode step)")
+    if not family.decodes:
+      _fail("--steps", "decode", f"train or eval for a {family.name} model (it has no "
+            "decode step)")
     jax_steps.append(_decode_step(config, cfg, mesh, params_abs))
   for name, fn, args, step_flops, extra in jax_steps:
     try:
@@ -273,8 +274,7 @@ def _eval_step(config, cfg, mesh, params_abs):
   else:
     fn = _in_context(runner._eval_batch, ctx, cfg=cfg, mode="exact")
     args = (params_abs, batch)
-  step_flops = (flops.forward_flops(cfg, B, T, "exact") if isinstance(cfg, ModelConfig)
-                else None)
+  step_flops = family_of(cfg).forward_flops(cfg, B, T, "exact")
   return ("eval", fn, args, step_flops, {"mode": "exact", "batch_size": B})
 
 

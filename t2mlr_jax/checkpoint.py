@@ -30,9 +30,7 @@ from etils import epath
 from ml_collections import config_dict
 
 from t2mlr_jax import __version__, paths, registry
-from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model.api import init_model
-from t2mlr_jax.model.lstm import LSTMConfig
 
 FORMAT_VERSION = 1
 ITEMS = ("params", "train", "data", "config", "meta")
@@ -211,8 +209,9 @@ def with_shardings(abstract_tree, shardings):
 
 
 def model_config_from_meta(meta: dict):
-  """The typed model config (ModelConfig or LSTMConfig) a checkpoint's meta records."""
-  families = {"ModelConfig": ModelConfig, "LSTMConfig": LSTMConfig}
+  """The typed model config a checkpoint's meta records: its family by the config class's
+  name (ModelConfig, LSTMConfig, ...)."""
+  families = {f.config.__name__: f.config for f in registry.FAMILIES.values()}
   family = meta.get("model_family")
   if family not in families:
     raise ValueError(f"checkpoint meta has model_family={family!r}: allowed {sorted(families)}")

@@ -60,7 +60,6 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from t2mlr_jax import registry
-from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.data.tokenizer import render_chat_template
 from t2mlr_jax.loading import load_model_and_tokenizer
 from t2mlr_jax.model.decode import stream
@@ -197,9 +196,9 @@ class T2MLRLM(TemplateLM):
   def _setup(self, cfg, params, tokenizer, tokenizer_source, *, batch_size=8, mode="exact",
              dtype=None, max_length=None, prompt_control_flow=2, add_bos=None,
              path="model"):
-    if not isinstance(cfg, ModelConfig):
-      raise ValueError(f"{path!r} holds a {type(cfg).__name__}: lm-eval runs transformers "
-                       "(ModelConfig, with or without a recurrence)")
+    if not registry.family_of(cfg).decodes:
+      raise ValueError(f"{path!r} holds a {registry.family_of(cfg).name} model: lm-eval runs "
+                       "models that decode (transformers, with or without a recurrence)")
     batch_size, prompt_control_flow, add_bos = _check_options(batch_size, dtype,
                                                               prompt_control_flow, add_bos)
     self.batch_size_per_device = batch_size

@@ -1,6 +1,6 @@
 """The library's extension points, each a registry of objects that declare everything the
 library needs of them: recurrence types (`RecurrenceType`), training schedules
-(`Schedule`) and, later, model families. The built-in entries register themselves in
+(`Schedule`) and model families (`ModelFamily`). The built-in entries register themselves in
 their own files (`model/recurrence/t2mlr.py`, `model/schedules/jacobi.py`, ...); a
 user's file registers its own the same way and is imported first with `--user_module`
 (`import_user_module`). Everything else iterates over the registries and reads the
@@ -167,7 +167,41 @@ class Schedule:
   source: str = ""             # the module that registered it
 
 
+def _same(cfg, devices=None):
+  """The config as it is (a family without device-dependent kernels)."""
+  return cfg
+
+
+def _nothing(cfg) -> None:
+  """No check (a family that runs on any backend)."""
+  return None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModelFamily:
+  """One model family (`model.arch`): the transformer (with any recurrence type) or the
+  LSTM baseline. What the trainer, the evaluator, the compile tool and the optimizer
+  need of it; none of them tells the families apart otherwise."""
+  name: str                    # what configs call it: model.arch
+  config: type                 # its frozen config dataclass (checkpoints record its name)
+  init_params: Callable        # (cfg, rng) -> params
+  apply: Callable              # (params, cfg, batch, mode, **options) -> (logits, aux)
+  forward_flops: Callable      # (cfg, batch, seq_len, mode) -> FLOPs of one forward
+  train_step_flops: Callable   # (cfg, batch, seq_len, mode) -> FLOPs of one train step
+  modes: bool = False          # runs forward's modes and schedules (train.mode matters)
+  decodes: bool = False        # has prefill + a decode step (generate, chat, lm-eval)
+  hidden_states: Optional[Callable] = None   # for a chunked loss (loss_chunk), or None
+  bounded_context: bool = True   # sequences longer than max_seq_len are refused
+  for_devices: Callable = _same  # (cfg, devices) -> cfg with kernels those devices run
+  check: Callable = _nothing     # (cfg) -> None; raises what the local backend cannot run
+  no_decay: tuple = ()         # leaf names weight decay leaves alone
+  partition_rules: tuple = ()  # (path regex, logical axes) rows of its parameters
+  default: bool = False        # base_config()'s model.arch
+  source: str = ""             # the module that registered it
+
+
 RECURRENCES: Registry[RecurrenceType] = Registry("recurrence type", "recurrence.type")
+FAMILIES: Registry[ModelFamily] = Registry("model family", "model.arch")
 SCHEDULES: Registry[Schedule] = Registry("schedule", "mode")
 
 # The files given with --user_module, in the order they were imported (checkpoints record
@@ -179,6 +213,20 @@ def default_recurrence() -> RecurrenceType:
   """The type declared `default` (T2MLR): `base_config()`'s, and that of exports written
   before their recurrence carried a type tag."""
   return next(t for t in RECURRENCES.values() if t.default)
+
+
+def default_family() -> ModelFamily:
+  """The family declared `default` (the transformer): base_config()'s model.arch."""
+  return next(f for f in FAMILIES.values() if f.default)
+
+
+def family_of(cfg) -> ModelFamily:
+  """The registered family whose config class `cfg` is an instance of."""
+  for family in FAMILIES.values():
+    if isinstance(cfg, family.config):
+      return family
+  raise ValueError(f"{type(cfg).__name__} is not the config of a registered model family: "
+                   f"allowed {[f.config.__name__ for f in FAMILIES.values()]}")
 
 
 def recurrence_config_classes() -> dict:

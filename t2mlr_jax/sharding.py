@@ -21,7 +21,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.registry import RECURRENCES
+from t2mlr_jax.registry import FAMILIES, RECURRENCES
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")   # the batch dimension is split over both
@@ -30,29 +30,17 @@ BATCH_AXES = ("data", "fsdp")   # the batch dimension is split over both
 # its dimensions (576 / 64 and 576 / 4), and the batch over data x fsdp x fsdp_inner.
 FSDP_INNER = "fsdp_inner"
 
-# parameter path (regex on "a/b/c") -> logical axis per dimension: the backbones' rows; each
-# recurrence type declares its own (`RecurrenceType.partition_rules`), see `param_rules`
-PARAM_RULES: tuple[tuple[str, tuple[Optional[str], ...]], ...] = (
-    (r"embed/embedding$", ("vocab", "embed")),
-    (r"lm_head/kernel$", ("embed", "vocab")),
-    (r"attn/q/kernel$", ("layers", "embed", "q_heads")),
-    (r"attn/(k|v)/kernel$", ("layers", "embed", "kv_heads")),
-    (r"attn/q/bias$", ("layers", "q_heads")),
-    (r"attn/(k|v)/bias$", ("layers", "kv_heads")),
-    (r"attn/o/kernel$", ("layers", "q_heads", "embed")),
-    (r"mlp/(gate|up)/kernel$", ("layers", "embed", "mlp")),
-    (r"mlp/down/kernel$", ("layers", "mlp", "embed")),
-    (r"value_embeds/embedding$", (None, "vocab", "embed")),   # nanochat's tables
-    (r"lstm/.*kernel$", ("embed", "mlp")),
-)
+# Parameter paths (regex on "a/b/c") -> logical axis per dimension: each model family and
+# each recurrence type declares its own rows (`partition_rules`; `param_rules` joins them).
 LOGICAL_TO_MESH = {"vocab": "tensor", "embed": "fsdp", "q_heads": "tensor",
                    "kv_heads": "tensor", "mlp": "tensor", "layers": None}
 
 
 def param_rules() -> tuple:
-  """The partition table: the backbones' rows, then every registered recurrence type's
-  (read at each call, so a type registered later is covered)."""
-  return PARAM_RULES + tuple(r for t in RECURRENCES.values() for r in t.partition_rules)
+  """The partition table: every registered model family's rows, then every recurrence
+  type's (read at each call, so an entry registered later is covered)."""
+  return (tuple(r for f in FAMILIES.values() for r in f.partition_rules)
+          + tuple(r for t in RECURRENCES.values() for r in t.partition_rules))
 
 
 def fsdp_factors(fsdp: int, width: Optional[int]) -> tuple[int, int]:

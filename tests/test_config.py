@@ -110,3 +110,29 @@ def test_the_public_loader_does_not_import_the_trainer():
           "'t2mlr_jax.convert'))))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]"
+
+
+def test_configs_saved_before_one_config_system_still_resume():
+  """Checkpoints record the experiment config as JSON; those written before the model
+  group was built from ModelConfig's fields and the recurrence group from the type's
+  class (commit f3434b1, tests/fixtures/configs_f3434b1.json) resume under today's
+  configs with no conflicting field and build the same typed model config."""
+  import json
+  import os
+  import sys
+
+  from ml_collections import config_dict
+
+  from t2mlr_jax.train.config import model_config, resume_conflicts
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "tests", "fixtures", "configs_f3434b1.json")) as f:
+    saved = json.load(f)
+  sys.path.insert(0, os.path.join(root, "configs"))
+  try:
+    for key, old in saved.items():
+      name, variant = key.split(":")
+      current = __import__(name).get_config(variant)
+      assert resume_conflicts(old, current.to_dict()) == [], key
+      assert model_config(config_dict.ConfigDict(old)) == model_config(current), key
+  finally:
+    sys.path.pop(0)

@@ -98,6 +98,21 @@ def test_declared_no_decay_leaves_are_exactly_those_adamw_leaves_alone():
           "bias"} <= checked
 
 
+def test_every_family_declares_its_no_decay_leaves():
+  """The same for each registered model family at its config's defaults (the plain
+  transformer: norm scales; the LSTM: its biases)."""
+  from t2mlr_jax.registry import FAMILIES
+  for family in FAMILIES.values():
+    cfg = family.config()
+    params = jax.tree.map(lambda p: p + 0.5, family.init_params(cfg, jax.random.PRNGKey(0)))
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    expected = {jax.tree_util.keystr(k) for k, _ in flat
+                if str(getattr(k[-1], "key", k[-1])) in family.no_decay}
+    tx, _ = make_optimizer(_opt(lr=1e-2, warmup_frac=0.0, weight_decay=0.5, grad_clip=0.0),
+                           10, cfg)
+    assert expected and _paths_left_alone(tx, params) == expected, family.name
+
+
 def test_gamma_gets_no_weight_decay():
   params = init_params(tiny_cfg(), jax.random.PRNGKey(0))
   params["recurrence"]["gamma_rec"] = jnp.float32(0.5)

@@ -173,14 +173,15 @@ def test_no_branch_on_the_recurrence_type_outside_its_own_places():
 
 
 def test_no_package_module_names_a_registered_entry_outside_its_own_files():
-  """A registered recurrence type or schedule is named (as a string) only in the file
+  """A registered recurrence type, schedule or model family is named (as a string) only in the file
   that registers it and in the places that own its parts: config.py (the built-in
   types' config classes, with their default schedules) and the converters of official
   checkpoints. Everything else reads the registries. ("none", the entry of the model
   without a recurrence, is also an ordinary word for other options and is left out.)"""
   from t2mlr_jax import registry
   owners = {}
-  for entry in (*registry.RECURRENCES.values(), *registry.SCHEDULES.values()):
+  for entry in (*registry.RECURRENCES.values(), *registry.SCHEDULES.values(),
+                *registry.FAMILIES.values()):
     owners.setdefault(entry.name, set()).add(entry.source)
   owners.pop("none", None)
   allowed = ("t2mlr_jax.config", "t2mlr_jax.convert.")

@@ -1,39 +1,43 @@
-"""One entry point over every model family: the transformer (with or without a
-recurrence) and the LSTM baseline, for training and evaluation loops; and the one
-public loss every trainer uses."""
+"""One entry point over every registered model family (`registry.ModelFamily`: the
+transformer, registered here with or without a recurrence, and the LSTM baseline in
+`lstm.py`) for training and evaluation loops; and the one public loss every trainer
+uses."""
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional
 
 import jax.numpy as jnp
 
+from t2mlr_jax import flops
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.losses import chunked_cross_entropy, cross_entropy, next_token_labels, supervised
-from t2mlr_jax.model import lstm
+from t2mlr_jax.model import kernels, lstm  # noqa: F401  (lstm: its family registers itself)
 from t2mlr_jax.model.modes import (
   forward,
   hidden_modes,
   hidden_states,
   mode_options as resolve_mode_options,
 )
-from t2mlr_jax.model.transformer import head, init_params
-from t2mlr_jax.registry import SCHEDULES
+from t2mlr_jax.model.transformer import NO_DECAY, PARTITION_RULES, head, init_params
+from t2mlr_jax.registry import FAMILIES, SCHEDULES, ModelFamily, family_of
 
-AnyModelConfig = Union[ModelConfig, lstm.LSTMConfig]
+AnyModelConfig = Any     # the config of a registered model family
 
 
 def init_model(cfg: AnyModelConfig, rng):
-  if isinstance(cfg, lstm.LSTMConfig):
-    return lstm.init_params(cfg, rng)
-  return init_params(cfg, rng)
+  """Fresh parameters of any registered family's model."""
+  return family_of(cfg).init_params(cfg, rng)
 
 
 def apply_model(params, cfg: AnyModelConfig, batch, mode: str, **mode_options):
   """(logits, aux) of a batch dict with input_ids [B,T] and optional control_flow,
-  positions, segment_ids. The LSTM ignores control flow and mode."""
-  if isinstance(cfg, lstm.LSTMConfig):
-    return lstm.forward(params, cfg, batch["input_ids"]), {}
+  positions, segment_ids, by the model's family (the LSTM ignores control flow and
+  mode)."""
+  return family_of(cfg).apply(params, cfg, batch, mode, **mode_options)
+
+
+def _apply_transformer(params, cfg: ModelConfig, batch, mode: str, **mode_options):
   return forward(params, cfg, batch["input_ids"], mode=mode,
                  control_flow=batch.get("control_flow"), positions=batch.get("positions"),
                  segment_ids=batch.get("segment_ids"), return_aux=True, **mode_options)
@@ -77,8 +81,8 @@ def loss(params, cfg: AnyModelConfig, tokens, *, mode: str, targets=None, loss_m
   batch = {"input_ids": tokens, "control_flow": control_flow, "positions": positions,
            "segment_ids": segment_ids}
   if loss_chunk is not None:
-    if not isinstance(cfg, ModelConfig) or (cfg.recurrence is not None
-                                            and mode not in hidden_modes()):
+    if family_of(cfg).hidden_states is None or (cfg.recurrence is not None
+                                                and mode not in hidden_modes()):
       raise ValueError(f"loss_chunk={loss_chunk} needs a transformer in one of the modes "
                        f"{hidden_modes()}, not mode={mode!r} of {type(cfg).__name__}")
     y, aux = hidden_states(params, cfg, tokens, mode=mode, control_flow=control_flow,
@@ -111,8 +115,8 @@ def loss_token_totals(cfg: AnyModelConfig, mode: str, labels_BT, **mode_options)
   positions), else [1]."""
   labels_BT = jnp.asarray(labels_BT)
   schedule = SCHEDULES.get(mode) if mode in SCHEDULES else None
-  if (schedule is None or schedule.token_totals is None or not isinstance(cfg, ModelConfig)
-      or cfg.recurrence is None):
+  if (schedule is None or schedule.token_totals is None
+      or getattr(cfg, "recurrence", None) is None):
     return jnp.sum(supervised(labels_BT))[None]
   opts = resolve_mode_options(cfg, mode, labels_BT.shape[1], **mode_options)
   return schedule.token_totals(labels_BT, opts)
@@ -120,3 +124,15 @@ def loss_token_totals(cfg: AnyModelConfig, mode: str, labels_BT, **mode_options)
 
 def num_params(cfg: AnyModelConfig) -> int:
   return cfg.num_params()
+
+
+def _check_kernel(cfg: ModelConfig) -> None:
+  kernels.check_available(cfg.attention, cfg.dtype)
+
+
+TRANSFORMER = FAMILIES.register(ModelFamily(
+    name="transformer", config=ModelConfig, init_params=init_params,
+    apply=_apply_transformer, forward_flops=flops.forward_flops,
+    train_step_flops=flops.train_step_flops, modes=True, decodes=True,
+    hidden_states=hidden_states, for_devices=kernels.for_devices, check=_check_kernel,
+    no_decay=NO_DECAY, partition_rules=PARTITION_RULES, default=True, source=__name__))

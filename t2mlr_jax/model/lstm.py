@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import _Replaceable, invalid
+from t2mlr_jax.registry import FAMILIES, ModelFamily
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,3 +90,26 @@ def forward(params, cfg: LSTMConfig, tokens_BT):
   if cfg.tie_embeddings:
     return x @ params["embed"]["embedding"].T
   return x @ params["lm_head"]["kernel"] + params["lm_head"]["bias"]
+
+
+def apply(params, cfg: LSTMConfig, batch, mode: str, **options):
+  """(logits, {}) of a batch: the LSTM reads the tokens only (no control flow or mode)."""
+  return forward(params, cfg, batch["input_ids"]), {}
+
+
+def forward_flops(cfg: LSTMConfig, batch: int, seq_len: int, mode: str = "parallel") -> float:
+  """Per token and layer the input and recurrent matmuls (D × 4D each), then the head."""
+  D, tokens = cfg.d_model, batch * seq_len
+  return float(tokens * (cfg.n_layers * 2 * 2 * D * 4 * D + 2 * D * cfg.vocab_size))
+
+
+def train_step_flops(cfg: LSTMConfig, batch: int, seq_len: int, mode: str = "parallel"):
+  return 3 * forward_flops(cfg, batch, seq_len)
+
+
+FAMILY = FAMILIES.register(ModelFamily(
+    name="lstm", config=LSTMConfig, init_params=init_params, apply=apply,
+    forward_flops=forward_flops, train_step_flops=train_step_flops,
+    bounded_context=False,        # no positions: any length runs
+    no_decay=("bias",), partition_rules=((r"lstm/.*kernel$", ("embed", "mlp")),),
+    source=__name__))

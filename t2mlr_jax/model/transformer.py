@@ -34,6 +34,20 @@ from t2mlr_jax.sharding import constrain_batch
 # Leaves of the backbone weight decay leaves alone (`train/optimizer.py`): norm scales,
 # biases, nanochat's per-layer α / β; a recurrence type declares its own.
 NO_DECAY = ("scale", "bias", "resid_lambda", "x0_lambda")
+# The backbone's partition rows (`sharding.param_rules`): parameter path regex -> logical
+# axis per dimension; a recurrence type declares its own.
+PARTITION_RULES = (
+    (r"embed/embedding$", ("vocab", "embed")),
+    (r"lm_head/kernel$", ("embed", "vocab")),
+    (r"attn/q/kernel$", ("layers", "embed", "q_heads")),
+    (r"attn/(k|v)/kernel$", ("layers", "embed", "kv_heads")),
+    (r"attn/q/bias$", ("layers", "q_heads")),
+    (r"attn/(k|v)/bias$", ("layers", "kv_heads")),
+    (r"attn/o/kernel$", ("layers", "q_heads", "embed")),
+    (r"mlp/(gate|up)/kernel$", ("layers", "embed", "mlp")),
+    (r"mlp/down/kernel$", ("layers", "mlp", "embed")),
+    (r"value_embeds/embedding$", (None, "vocab", "embed")),   # nanochat's tables
+)
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -9,7 +9,7 @@ before anything is compiled and names the offending field.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any
 
 from absl import logging
 from ml_collections import config_dict
@@ -17,18 +17,17 @@ from ml_collections import config_dict
 from t2mlr_jax.config import ModelConfig, invalid, recurrence_from_dict
 from t2mlr_jax.convert.pretrained import pretrained_config
 from t2mlr_jax.flops import exact_bptt_bytes
-from t2mlr_jax.model.kernels import check_available
-from t2mlr_jax.model.lstm import LSTMConfig
+from t2mlr_jax.model import api  # noqa: F401  (registers the model families)
 from t2mlr_jax.model.modes import hidden_modes, mode_names, mode_options
-from t2mlr_jax.registry import RECURRENCES, default_recurrence
+from t2mlr_jax.registry import (
+  FAMILIES,
+  RECURRENCES,
+  default_family,
+  default_recurrence,
+  family_of,
+)
 from t2mlr_jax.train.optimizer import OPTIMIZERS
 
-ARCHS = ("transformer", "lstm")
-# ModelConfig fields an experiment config passes through unchanged (nanochat's options).
-BACKBONE_FIELDS = ("norm_scale", "embed_norm", "qk_norm", "mlp_type", "logit_softcap",
-                   "resid_lambdas", "x0_lambdas", "window_pattern", "window_short",
-                   "window_long", "pad_vocab_to", "value_embeds", "ve_gate_channels",
-                   "rope_table_dtype", "attention")
 # Fields a resumed run may change; any other difference is refused.
 RESUME_MUTABLE = ("model.attention", "train.stop_after_steps", "train.resume_step",
                   "train.eval_every", "train.checkpoint_every", "train.log_every",
@@ -38,44 +37,14 @@ RESUME_MUTABLE = ("model.attention", "train.stop_after_steps", "train.resume_ste
 def base_config() -> config_dict.ConfigDict:
   """Every field of an experiment config at its default (the configs/ files start here)."""
   c = config_dict.ConfigDict()
-  c.model = dict(
-      arch="transformer",         # "transformer" (with optional recurrence) or "lstm"
-      init_from=config_dict.placeholder(str),   # HF directory or export to start from
-      vocab_size=256,
-      d_model=64,
-      n_layers=4,
-      n_heads=4,
-      n_kv_heads=config_dict.placeholder(int),  # None: n_heads (no grouped queries)
-      d_ff=128,                   # MLP hidden width
-      head_dim=config_dict.placeholder(int),    # None: d_model // n_heads
-      max_seq_len=2048,           # longest sequence (RoPE tables, decode caches)
-      rope_theta=config_dict.placeholder(float),
-      rms_norm_eps=1e-5,
-      tie_embeddings=False,       # LM head shares the embedding matrix
-      qkv_bias=False,             # biases on q/k/v projections (Qwen-style)
-      init_std=0.02,              # normal init std of the backbone's matrices
-      dtype="float32",            # "float32" or "bfloat16" (recurrence stays fp32)
-      remat="none",               # per-block rematerialisation: "none", "full", "dots"
-      scan_layers=True,           # layer stack as lax.scan segments (False: unrolled)
-      norm_scale=True,            # False: parameter-free RMSNorm (nanochat)
-      embed_norm=False,           # RMSNorm right after the embedding (nanochat)
-      qk_norm=False,              # RMSNorm of q and k per head after RoPE (nanochat)
-      mlp_type="swiglu",          # "swiglu" (Llama) or "relu2" (nanochat)
-      logit_softcap=config_dict.placeholder(float),  # tanh soft cap of the logits
-      resid_lambdas=False,        # learned per-layer residual scales (nanochat)
-      x0_lambdas=False,           # learned per-layer mix of the embedding (nanochat)
-      window_pattern=config_dict.placeholder(str),   # e.g. "SSSL": short/long windows
-      window_short=config_dict.placeholder(int),     # tokens an "S" layer attends to
-      window_long=config_dict.placeholder(int),      # tokens an "L" layer attends to
-      pad_vocab_to=1,             # round the vocabulary up to a multiple of this
-      value_embeds=config_dict.placeholder(str),     # layers with value embeddings
-      ve_gate_channels=32,        # channels the value-embedding gate reads
-      rope_table_dtype="float32",
-      attention="xla")            # "xla", "cudnn" (GPU), "splash" (TPU) or "auto"
-  # the recurrence group holds one type's fields, from its config class (the default type's
-  # here: T2MLR); recurrence_config(type) builds another's, type "none" the plain model
+  # the model group: the family (arch), a pretrained start, then every field of the
+  # default family's config class at its default (ModelConfig: the transformer), one
+  # type's recurrence group among them; model_config() builds the typed config from it
+  c.model = config_dict.ConfigDict({
+      "arch": default_family().name,
+      "init_from": config_dict.placeholder(str),
+      **config_fields(default_family().config, skip=("recurrence",))})
   c.model.recurrence = recurrence_config(default_recurrence().name)
-  c.model.rope_theta = 10000.0
   c.train = dict(
       num_steps=1000,
       stop_after_steps=config_dict.placeholder(int),  # stop early (resumable) at this step
@@ -162,23 +131,46 @@ def _fail(field: str, value: Any, allowed: str):
   invalid(field, value, allowed, prefix="config field ")
 
 
+_PLAIN = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def config_fields(cls, skip=(), **overrides) -> dict:
+  """The fields of a frozen config dataclass as the entries of an ml_collections group
+  (values, or FieldReferences to keep their types) at their defaults, each overridable on the command line as its type; a field that may be None
+  is a typed placeholder (`--config.model.n_kv_heads=2` parses as an int). Fields whose
+  type is not a plain int / float / str / bool / tuple (nested configs) are left out, as
+  are `skip`."""
+  out = {}
+  for f in dataclasses.fields(cls):
+    if f.name in skip:
+      continue
+    value = overrides.get(f.name, f.default if f.default is not dataclasses.MISSING
+                          else f.default_factory())
+    kind = str(f.type).replace("Optional[", "").rstrip("]")
+    if kind in _PLAIN:
+      out[f.name] = (config_dict.placeholder(_PLAIN[kind]) if "Optional" in str(f.type)
+                     else value)
+      if "Optional" in str(f.type) and value is not None:
+        out[f.name].set(value)
+    elif kind == "tuple":
+      out[f.name] = value
+  return out
+
+
 def recurrence_config(kind: str, **overrides) -> config_dict.ConfigDict:
   """A `model.recurrence` group holding every field of one recurrence type at its default
   (so each can be overridden on the command line), e.g. recurrence_config("lrt", passes=3)."""
   entry = RECURRENCES.get(kind, "config field model.recurrence.type")
-  fields = {"type": kind} if entry.config is None else entry.config().to_dict()
-  unknown = sorted(set(overrides) - set(fields))
+  if entry.config is None:
+    names = set()
+  else:
+    names = {f.name for f in dataclasses.fields(entry.config)}
+  unknown = sorted(set(overrides) - names)
   if unknown:
     _fail(f"model.recurrence.{unknown[0]}", overrides[unknown[0]],
-          f"a field of {kind}: {sorted(k for k in fields if k != 'type')}")
-  fields.update(overrides)
-  c = config_dict.ConfigDict(fields)
-  for name, value in fields.items():      # a None default stays overridable (as its type)
-    if value is None:
-      kind_of = next((f.type for f in dataclasses.fields(entry.config) if f.name == name), "")
-      c[name] = config_dict.placeholder(float if "float" in str(kind_of) else
-                                        int if "int" in str(kind_of) else str)
-  return c
+          f"a field of {kind}: {sorted(names)}")
+  fields = {} if entry.config is None else config_fields(entry.config, **overrides)
+  return config_dict.ConfigDict({"type": kind, **fields})
 
 
 def _recurrence(config):
@@ -202,26 +194,25 @@ def _init_from_config(config) -> ModelConfig:
                            attention=m.get("attention", "xla"))
 
 
-def model_config(config) -> Union[ModelConfig, LSTMConfig]:
-  """The typed model config (transformer with optional recurrence, or LSTM)."""
+def model_config(config):
+  """The typed model config of the `model` group in one constructor call: the config
+  class of its family (`model.arch`, a registered `ModelFamily`) from the group's fields
+  of that class, the recurrence from `model.recurrence`; with `model.init_from`, a
+  pretrained model's shape and this group's recurrence and runtime fields."""
   m = config.model
-  if m.arch not in ARCHS:
-    _fail("model.arch", m.arch, f"one of {ARCHS}")
-  if m.arch == "lstm":
-    return LSTMConfig(vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers,
-                      tie_embeddings=m.tie_embeddings, init_std=m.init_std,
-                      max_seq_len=m.max_seq_len)
+  family = FAMILIES.get(m.arch, "config field model.arch")
   if m.get("init_from"):
-    return _init_from_config(config)
-  rec = _recurrence(config)
+    cfg = _init_from_config(config)
+    if family_of(cfg) is not family:
+      _fail("model.init_from", m.init_from, f"None for model.arch={m.arch!r} (a pretrained "
+            f"model is a {family_of(cfg).name})")
+    return cfg
+  fields = {f.name for f in dataclasses.fields(family.config)}
+  values = {k: m[k] for k in fields if k in m and k != "recurrence"}
+  if "recurrence" in fields:
+    values["recurrence"] = _recurrence(config)
   try:
-    return ModelConfig(
-        vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
-        n_kv_heads=m.n_kv_heads, d_ff=m.d_ff, head_dim=m.head_dim, max_seq_len=m.max_seq_len,
-        rope_theta=m.rope_theta, rms_norm_eps=m.rms_norm_eps, tie_embeddings=m.tie_embeddings,
-        qkv_bias=m.qkv_bias, init_std=m.init_std, dtype=m.dtype, remat=m.remat,
-        scan_layers=m.scan_layers, recurrence=rec,
-        **{k: m[k] for k in BACKBONE_FIELDS if k in m})
+    return family.config(**values)
   except ValueError as e:
     raise ValueError(_model_field_error(str(e), m)) from None
 
@@ -242,7 +233,7 @@ def train_mode(config, cfg) -> str:
   allowed = ("auto", *mode_names())
   if mode not in allowed:
     _fail("train.mode", mode, f"one of {allowed}")
-  rec = cfg.recurrence if isinstance(cfg, ModelConfig) else None
+  rec = getattr(cfg, "recurrence", None)
   if rec is None:
     return "parallel" if mode == "auto" else mode
   return rec.default_schedule if mode == "auto" else mode
@@ -305,11 +296,10 @@ def validate(config):
         _fail(f"optimizer.{field}", o[field], "in [0, 1)")
   cfg = model_config(config)
   mode = train_mode(config, cfg)
-  if isinstance(cfg, ModelConfig):
-    try:
-      check_available(cfg.attention, cfg.dtype)
-    except ValueError as e:
-      raise ValueError(f"config field model.{e}") from None
+  try:
+    family_of(cfg).check(cfg)          # e.g. an attention kernel this backend cannot run
+  except ValueError as e:
+    raise ValueError(f"config field model.{e}") from None
   if t.seq_len > cfg.max_seq_len:
     _fail("train.seq_len", t.seq_len, f"<= model.max_seq_len={cfg.max_seq_len}")
   rec = getattr(cfg, "recurrence", None)
@@ -327,7 +317,8 @@ def validate(config):
   if chunk is not None:
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
       _fail("train.loss_chunk", chunk, "None or an integer >= 1 (positions per chunk)")
-    if not isinstance(cfg, ModelConfig) or (rec is not None and mode not in hidden_modes()):
+    if family_of(cfg).hidden_states is None or (rec is not None
+                                                and mode not in hidden_modes()):
       _fail("train.loss_chunk", chunk, f"None for train.mode={mode!r} (a chunked loss "
             f"needs a transformer trained in one of {hidden_modes()})")
   return cfg

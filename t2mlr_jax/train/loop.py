@@ -23,9 +23,9 @@ from tqdm import tqdm
 
 import t2mlr_jax
 from t2mlr_jax import checkpoint as ckpt_lib, distributed, flops, paths, sharding
-from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.convert.pretrained import load_pretrained
 from t2mlr_jax.data.pipeline import make_iterator
+from t2mlr_jax.registry import family_of
 from t2mlr_jax.train import config as config_lib, tasks as tasks_lib
 from t2mlr_jax.train.metrics import MetricsWriter, Progress
 from t2mlr_jax.train.optimizer import make_optimizer
@@ -153,9 +153,7 @@ def _unreadable(workdir, step, ckpt, error) -> ValueError:
 def _step_flops(cfg, t, mode):
   """Model FLOPs of one train step (docs/performance.md#cost-model; fixed sweeps), 0 if
   unknown."""
-  if not isinstance(cfg, ModelConfig):
-    return 0.0
-  return flops.train_step_flops(cfg, t.batch_size, t.seq_len, mode)
+  return family_of(cfg).train_step_flops(cfg, t.batch_size, t.seq_len, mode)
 
 
 def train(config, workdir: str, *, progress: bool = True) -> dict:

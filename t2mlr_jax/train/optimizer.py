@@ -3,8 +3,8 @@ minimum LR, grad-norm clipping and an LR multiplier for the recurrence's paramet
 when fine-tuning a pretrained model).
 
 - `adamw`: one AdamW over every leaf; no weight decay on the leaves the backbone
-  (`transformer.NO_DECAY`: norm scales, biases, α / β) and the model's recurrence type
-  (its `RecurrenceType.no_decay`: T2MLR's γ_rec / γ_cur, LRT's γ) declare.
+  and the model's recurrence type declare (`ModelFamily.no_decay`: the transformer's norm
+  scales, biases, α / β; `RecurrenceType.no_decay`: T2MLR's γ_rec / γ_cur, LRT's γ).
 - `muon`: nanochat's split (the LRT release's optimizer). `param_groups` labels every
   leaf by its per-layer shape and place:
     matrices    every 2-D weight, per layer for the stacked [L, in, out] leaves (attention,
@@ -32,9 +32,8 @@ import jax
 import optax
 from optax import contrib
 
-from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.model import recurrence, transformer
-from t2mlr_jax.registry import RECURRENCES
+from t2mlr_jax.model import recurrence
+from t2mlr_jax.registry import FAMILIES, RECURRENCES, family_of
 
 OPTIMIZERS = ("adamw", "muon")
 MUON_GROUPS = ("matrices", "embeddings", "unembedding", "scalars")
@@ -56,18 +55,22 @@ def _in_recurrence(path) -> bool:
   return keys[0] == "recurrence" or (keys[0] == "layers" and "memory" in keys)
 
 
-def _types(cfg) -> tuple:
-  """The recurrence types whose declarations apply: the model's own, or every registered
-  one when no model config is given."""
-  if isinstance(cfg, ModelConfig):
-    return (recurrence.of(cfg),)
-  return RECURRENCES.values()
+def _declarations(cfg) -> tuple:
+  """The registered entries whose declarations apply to `cfg`'s parameters: its model
+  family and, for a model with a recurrence field, its recurrence type; with no config,
+  every registered family and type."""
+  if cfg is None:
+    return FAMILIES.values() + RECURRENCES.values()
+  if hasattr(cfg, "recurrence"):
+    return (family_of(cfg), recurrence.of(cfg))
+  return (family_of(cfg),)
 
 
 def no_decay_leaves(cfg=None) -> frozenset:
-  """Leaf names weight decay leaves alone: the backbone's (`transformer.NO_DECAY`) and
-  those the recurrence type declares (`RecurrenceType.no_decay`)."""
-  return frozenset(transformer.NO_DECAY).union(*(t.no_decay for t in _types(cfg)))
+  """Leaf names weight decay leaves alone: those the model family (the transformer's
+  `transformer.NO_DECAY`: norm scales, biases, α / β) and the recurrence type
+  (`RecurrenceType.no_decay`) declare."""
+  return frozenset().union(*(d.no_decay for d in _declarations(cfg)))
 
 
 def decay_mask(params, cfg=None):
@@ -97,7 +100,8 @@ def param_groups(params, cfg=None):
   """The Muon optimizer's group of every leaf (a tree of MUON_GROUPS names): the LM head,
   the token-indexed tables (the backbone's and those a recurrence type declares in
   `embedding_leaves`), 2-D weights per layer, and the rest."""
-  embeddings = EMBEDDING_LEAVES + tuple(p for t in _types(cfg) for p in t.embedding_leaves)
+  embeddings = EMBEDDING_LEAVES + tuple(p for d in _declarations(cfg)
+                                        for p in getattr(d, "embedding_leaves", ()))
   return jax.tree_util.tree_map_with_path(
       lambda path, leaf: _muon_group(path, leaf, embeddings), params)
 

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from t2mlr_jax import sharding
-from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.model import kernels, recurrence
+from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.api import AnyModelConfig, init_model, loss as model_loss, loss_token_totals
+from t2mlr_jax.registry import family_of
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -51,14 +51,13 @@ def create_state(cfg: AnyModelConfig, tx, rng, mesh):
 
 def state_shardings(cfg: AnyModelConfig, tx, mesh):
   """NamedShardings of every train-state leaf over `mesh` (the partition-spec table)."""
-  model_cfg = cfg if isinstance(cfg, ModelConfig) else None
-  return sharding.tree_shardings(abstract_state(cfg, tx), mesh, model_cfg)
+  return sharding.tree_shardings(abstract_state(cfg, tx), mesh, cfg)
 
 
 def recurrence_metrics(params, cfg: AnyModelConfig) -> dict:
   """The recurrence's learned scalars: T2MLR's γ_rec / γ_cur; LRT's per-layer α (resid),
   β (x0) and γ (memory) as [L] vectors (the backbone's α/β when it has them)."""
-  if not isinstance(cfg, ModelConfig) or cfg.recurrence is None:
+  if getattr(cfg, "recurrence", None) is None:
     return {}
   return recurrence.of(cfg).scalars(params, cfg)
 
@@ -132,8 +131,7 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
   LRT each pass's mean over the whole batch, then its weighting), so the update equals
   the one-shot step's to fp32 rounding (with a Jacobi tolerance each microbatch stops
   on its own). The attention kernel is resolved for the mesh's devices here, once."""
-  if isinstance(cfg, ModelConfig):
-    cfg = kernels.for_devices(cfg, mesh.devices.flat)
+  cfg = family_of(cfg).for_devices(cfg, mesh.devices.flat)
   k = grad_accum_steps
 
   def loss_fn(params, batch, totals=None):

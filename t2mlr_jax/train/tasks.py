@@ -17,6 +17,7 @@ from t2mlr_jax.eval.bpb import evaluate_bpb
 from t2mlr_jax.eval.runner import evaluate
 from t2mlr_jax.eval.s5 import S5Metrics
 from t2mlr_jax.eval.sequence import SequenceMetrics
+from t2mlr_jax.registry import FAMILIES
 
 EVAL_SEED_OFFSET = 1_000_003      # eval examples never share seeds with training ones
 
@@ -255,7 +256,8 @@ def _validate_lm(config) -> None:
   d = config.data
   manifest = read_manifest(d.path)
   block, m = manifest["block_size"], config.model
-  if m.arch != "lstm" and block > m.max_seq_len:
+  family = FAMILIES.get(m.arch, "config field model.arch")
+  if family.bounded_context and block > m.max_seq_len:
     _fail("model.max_seq_len", m.max_seq_len, f">= the block size {block} of data.path="
           f"{d.path} (prepare the data with a smaller --block_size)")
   if config.train.seq_len != block:
