@@ -107,7 +107,7 @@ def _abstract_state(c):
   from t2mlr_jax.train.optimizer import make_optimizer
   from t2mlr_jax.train.step import abstract_state
   cfg = config_lib.model_config(c)
-  tx, _ = make_optimizer(c.optimizer, 100, cfg.d_model)
+  tx, _ = make_optimizer(c.optimizer, 100, cfg)
   return cfg, abstract_state(cfg, tx)
 
 
