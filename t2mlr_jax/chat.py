@@ -12,6 +12,7 @@ and SFT models are trained) unless --prompt_control_flow=2. Interactive commands
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -80,6 +81,7 @@ class ChatSession:
     self.prompt_control_flow = prompt_control_flow
     self.seed, self.turn = seed, 0
     self.messages: list[dict] = []
+    self.compiled: set[tuple[int, int]] = set()   # (prompt bucket, cache size) warmed up
     if self.tok.eos_id is None:
       raise ValueError("the tokenizer has no eos_token: answers would never end")
 
@@ -95,7 +97,9 @@ class ChatSession:
 
   def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None) -> dict:
     """Append the user's turn, generate the answer (calling on_text with each new piece
-    of text), append it; returns the answer and timings."""
+    of text), append it; returns the answer and timings. The first reply of a prompt
+    bucket and cache size compiles its prefill and decode step first, timed on its own
+    (compile_s): time to first token and decode speed are those of compiled programs."""
     messages = self.messages + [{"role": "user", "content": text}]
     limit = self.cfg.max_seq_len - self.max_new_tokens
     ids = self._prompt_ids(messages)
@@ -112,12 +116,21 @@ class ChatSession:
     cache = min(_round_up(P + self.max_new_tokens, CACHE_BUCKET), self.cfg.max_seq_len)
     rng = jax.random.PRNGKey(self.seed + self.turn)
     self.turn += 1
-    out, shown, start, first = [], "", time.perf_counter(), None
-    for token in stream(self.params, self.cfg, prompt, max_new_tokens=self.max_new_tokens,
-                        eos_id=self.tok.eos_id, rng=rng, prompt_lengths=[len(ids)],
-                        prompt_control_flow=self.prompt_control_flow, cache_len=cache,
-                        **self.sampling):
+    tokens = lambda: stream(self.params, self.cfg, prompt, max_new_tokens=self.max_new_tokens,
+                            eos_id=self.tok.eos_id, rng=rng, prompt_lengths=[len(ids)],
+                            prompt_control_flow=self.prompt_control_flow, cache_len=cache,
+                            **self.sampling)
+    compile_s = 0.0
+    if (P, cache) not in self.compiled:     # compile prefill + step apart from the timings
+      start = time.perf_counter()
+      for _ in itertools.islice(tokens(), 2):    # the prefill and one decode step
+        pass
+      compile_s = time.perf_counter() - start
+      self.compiled.add((P, cache))
+    out, shown, start, first, steps = [], "", time.perf_counter(), None, 0
+    for token in tokens():
       first = time.perf_counter() if first is None else first
+      steps += 1
       if int(token[0]) == self.tok.eos_id:
         break
       out.append(int(token[0]))
@@ -130,8 +143,26 @@ class ChatSession:
       on_text(answer[len(shown):])
     self.messages = messages + [{"role": "assistant", "content": answer}]
     end = time.perf_counter()
+    first = first or end
     return {"answer": answer, "tokens": len(out), "prompt_tokens": len(ids),
-            "time_to_first_token_s": (first or end) - start, "seconds": end - start}
+            "compile_s": compile_s, "prompt_bucket": P, "cache_len": cache,
+            "time_to_first_token_s": first - start, "seconds": end - start,
+            "decode_tokens_per_s": (steps - 1) / (end - first) if steps > 1 else None}
+
+
+def stats_line(info: dict) -> str:
+  """--stats: compile time (when this reply compiled), time to first token and decode
+  speed of the compiled programs."""
+  lines = []
+  if info["compile_s"]:
+    lines.append(f"[compiled in {info['compile_s']:.1f} s: prefill of a "
+                 f"{info['prompt_bucket']}-token prompt bucket, decode step of a "
+                 f"{info['cache_len']}-token cache]")
+  rate = info["decode_tokens_per_s"]
+  speed = f"decode {rate:.1f} tokens/s" if rate is not None else "no decode step"
+  lines.append(f"[{info['prompt_tokens']} prompt tokens, {info['tokens']} new; first token "
+               f"{info['time_to_first_token_s'] * 1e3:.0f} ms, {speed}]")
+  return "\n".join(lines)
 
 
 def main(argv=None):
@@ -151,7 +182,8 @@ def main(argv=None):
                             "models); 2: recurrent")
   max_seq_len = flags.DEFINE_integer("max_seq_len", 2048, "context limit of the chat "
                                      "(capped by the model's)")
-  stats = flags.DEFINE_bool("stats", False, "print tokens/s and time to first token")
+  stats = flags.DEFINE_bool("stats", False, "print compile time, time to first token and "
+                            "decode tokens/s")
 
   def run(argv):
     del argv
@@ -175,9 +207,7 @@ def main(argv=None):
         return
       print()
       if stats.value:
-        rate = info["tokens"] / max(info["seconds"] - info["time_to_first_token_s"], 1e-9)
-        print(f"[{info['prompt_tokens']} prompt tokens, {info['tokens']} new; first token "
-              f"{info['time_to_first_token_s'] * 1e3:.0f} ms, {rate:.1f} tokens/s]")
+        print(stats_line(info))
 
     if prompt.value is not None:
       answer(prompt.value)

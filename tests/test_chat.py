@@ -1,6 +1,7 @@
 """Streaming generation and the chat session/CLI (on the tiny GGUF model the tests write)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -54,7 +55,9 @@ def test_chat_session_streams_the_greedy_answer_and_keeps_history(tiny_gguf):
                              eos_id=tok.eos_id, prompt_control_flow=1))[0].tolist()
   want = want[:want.index(tok.eos_id)] if tok.eos_id in want else want
   assert info["answer"] == tok.decode(want) and info["tokens"] == len(want)
-  session.reply("again", lambda s: None)
+  assert info["compile_s"] > 0 and info["prompt_bucket"] == 64
+  again = session.reply("again", lambda s: None)
+  assert again["compile_s"] == 0.0            # same prompt bucket and cache: compiled once
   assert [m["role"] for m in session.messages] == ["user", "assistant"] * 2
   history = list(session.messages)
   with pytest.raises(ValueError, match="at most .* fit before the 12 new tokens"):
@@ -67,7 +70,11 @@ def test_chat_cli_one_shot(tiny_gguf):
                         "--prompt=To be", "--max_new_tokens=4", "--stats"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
-  assert "prompt tokens" in out.stdout
+  compiled, timings = out.stdout.strip().splitlines()[-2:]
+  assert re.fullmatch(r"\[compiled in [0-9.]+ s: prefill of a 64-token prompt bucket, "
+                      r"decode step of a \d+-token cache\]", compiled), compiled
+  assert re.fullmatch(r"\[\d+ prompt tokens, \d+ new; first token \d+ ms, "
+                      r"(decode [0-9.]+ tokens/s|no decode step)\]", timings), timings
   missing = subprocess.run([sys.executable, "-m", "t2mlr_jax.chat", "--model=/nonexistent"],
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert missing.returncode != 0 and "does not exist" in missing.stderr
