@@ -5,11 +5,14 @@ only with --verbose. Training that diverges exits 3 (train.loop.NonFiniteLossErr
 from __future__ import annotations
 
 import errno
+import glob
+import importlib.util
 import os
 import re
 import sys
 from typing import Callable, Optional, Sequence
 
+import jax
 from absl import app, flags
 
 from t2mlr_jax import registry
@@ -90,9 +93,34 @@ def import_user_modules(args: Sequence[str]) -> list[str]:
   return paths
 
 
+TPU_DEVICE_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*")   # a TPU VM's chips
+
+
+def skip_absent_tpu() -> Optional[str]:
+  """With libtpu installed (jax[tpu], for compiling) on a host without TPU chips, JAX
+  would try the TPU backend first and print libtpu's initialisation errors before
+  falling back. Unless JAX_PLATFORMS is set, leave it out: the platforms this host has
+  (the CUDA plugin's, then the CPU). Returns the platforms chosen, or None (untouched).
+  Compiling for TPUs needs no TPU backend: the compile tool's devices are libtpu's
+  compile-only ones."""
+  if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
+    return None
+  if importlib.util.find_spec("libtpu") is None:
+    return None
+  if any(glob.glob(pattern) for pattern in TPU_DEVICE_FILES):
+    return None
+  cuda = any(importlib.util.find_spec(m) is not None
+             for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+  platforms = "cuda,cpu" if cuda else "cpu"
+  jax.config.update("jax_platforms", platforms)
+  return platforms
+
+
 def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
   """absl's app.run(main) with usage errors reported as one line (exit 2); --verbose (or
-  T2MLR_VERBOSE=1) keeps the traceback. --user_module=FILE.py[,...] is imported first."""
+  T2MLR_VERBOSE=1) keeps the traceback. --user_module=FILE.py[,...] is imported first.
+  A host without TPU chips skips the TPU backend even with libtpu installed."""
+  skip_absent_tpu()
   if "verbose" not in flags.FLAGS:
     flags.DEFINE_bool("verbose", False, "show the full traceback of an error")
   if "user_module" not in flags.FLAGS:
@@ -100,9 +128,16 @@ def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
                         "they register their own recurrence types and schedules "
                         "(docs/design.md, docs/examples/)")
   args = list(sys.argv if argv is None else argv)
+
+  def one_line_usage(argv):
+    try:
+      return main(argv)
+    except app.UsageError as e:        # absl would print the whole usage and exit 1
+      raise ValueError(str(e)) from None
+
   try:
     import_user_modules(args)
-    app.run(main, argv=args, flags_parser=_parse_flags)
+    app.run(one_line_usage, argv=args, flags_parser=_parse_flags)
   except USAGE_ERRORS as e:
     if _verbose(args):
       raise
@@ -111,7 +146,8 @@ def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
 
 def guard(main: Callable[[], None], argv: Optional[Sequence[str]] = None) -> None:
   """main() of an argparse tool, its usage errors reported as `run` does (give the parser
-  a --verbose flag)."""
+  a --verbose flag). A host without TPU chips skips the TPU backend, as `run`."""
+  skip_absent_tpu()
   try:
     main()
   except USAGE_ERRORS as e:

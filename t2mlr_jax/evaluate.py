@@ -197,6 +197,9 @@ def main(argv):
       _wrote(f"{out / 'summary.json'} and {out / 'predictions.jsonl'}")
     return
   if not _WORKDIR.value:
+    if _MODEL.value or _DATA.value:
+      raise app.UsageError(f"--model/--data need --task: allowed bpb, "
+                           f"{', '.join(downstream.GENERATION_TASKS + downstream.MC_TASKS)}")
     raise app.UsageError("give --workdir (a training run) or --task/--data/--model")
   results = evaluate_checkpoint(_WORKDIR.value, _STEP.value, _MODE.value or "exact")
   out = _OUTPUT.value or paths.resolve(_WORKDIR.value) / f"eval_step{results['step']}.json"

@@ -39,7 +39,6 @@ def main(argv):
   try:
     metrics = train(config, workdir, progress=_PROGRESS.value)
   except NonFiniteLossError as e:
-    logging.error("%s", e)
     print(f"error: {e}", file=sys.stderr)
     sys.exit(3)
   logging.info("done: %s", metrics)

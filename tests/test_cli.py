@@ -31,8 +31,11 @@ def _run(*args, cwd):
      "error: unknown command line flag 'bogus'"),
     (("t2mlr_jax.chat", "--model=a_file"),
      "error: --model='a_file' is a file, not a model: allowed a GGUF file"),
+    (("t2mlr_jax.evaluate",),
+     "error: give --workdir (a training run) or --task/--data/--model"),
+    (("t2mlr_jax.evaluate", "--model=a_file"), "error: --model/--data need --task: allowed bpb,"),
 ], ids=["misspelled-field", "missing-config", "bad-value", "evaluate-empty", "convert-empty",
-        "flag-type", "unknown-flag", "chat-file"])
+        "flag-type", "unknown-flag", "chat-file", "evaluate-nothing", "evaluate-no-task"])
 def test_errors_are_one_line_with_exit_status_2(tmp_path, args, message):
   (tmp_path / "empty").mkdir()
   (tmp_path / "a_file").write_text("not a model\n")
@@ -98,3 +101,13 @@ def test_a_script_beside_a_clone_named_t2mlr_jax_is_told_what_happened(tmp_path)
   assert run.stdout.split() == ["t2mlr_jax.model.modes", "188"]
   assert "'import t2mlr_jax' found" in run.stderr
   assert "the folder of a t2mlr_jax clone, not the package inside it" in run.stderr
+
+
+def test_a_diverging_run_says_so_once_and_exits_3(tmp_path):
+  run = _run("t2mlr_jax.main", f"--config={TINY}", "--workdir=wd", "--progress=false",
+             "--config.optimizer.lr=1e30", "--config.optimizer.grad_clip=0",
+             "--config.train.num_steps=10", cwd=tmp_path)
+  assert run.returncode == 3, run.stderr[-2000:]
+  said = run.stdout + run.stderr
+  assert said.count("non-finite loss or gradient") == 1, said[-3000:]
+  assert "error: non-finite loss or gradient at step" in run.stderr

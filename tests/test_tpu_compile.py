@@ -223,15 +223,19 @@ def test_bf16_tpu_program_keeps_the_recurrence_in_fp32_at_highest_precision():
 @pytest.mark.tpu_compile
 @needs_libtpu
 def test_compile_tool_exit_codes(tmp_path):
-  def run(*args):
+  def run(*args, env=None):
     # (this process holds libtpu too)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    env = env or {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     return subprocess.run([sys.executable, "-m", "t2mlr_jax.compile", *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
   tiny = f"--config={ROOT}/configs/fineweb_135m.py:tiny"
   out = tmp_path / "fit.json"
-  p = run(tiny, "--topology=v5e-4", f"--output={out}")
+  # JAX_PLATFORMS unset, as a user has it: libtpu installed, no TPU chips, no libtpu noise
+  unset = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  p = run(tiny, "--topology=v5e-4", f"--output={out}",
+          env={**unset, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
   assert p.returncode == 0, p.stderr[-2000:]
+  assert "TPU_WORKER_HOSTNAMES" not in p.stderr and "libtpu" not in p.stderr, p.stderr
   assert p.stdout.strip().endswith("fits") and json.loads(out.read_text())["fits"]
   # a small plain model at a huge batch fails fast: the compiler's numbers, exit 3
   p = run(tiny, "--topology=v5e-4", "--config.model.recurrence.type=none",
@@ -296,3 +300,20 @@ def test_a_user_modules_type_and_schedule_compile_for_tpu(tmp_path):
   train = next(s for s in report["steps"] if s["step"] == "train")
   assert report["fits"] and train["mode"] == report["mode"] == "full_jacobi", report
   assert train["model_flops_per_device"] > 0     # the schedule's own FLOPs declaration
+
+
+@pytest.mark.tpu_compile
+@needs_libtpu
+def test_the_clis_skip_the_tpu_backend_on_a_host_without_tpus():
+  """With jax[tpu] installed and JAX_PLATFORMS unset, JAX would try libtpu's backend first
+  and print its initialisation errors; the command-line tools leave it out."""
+  code = ("from t2mlr_jax import cli\nprint(cli.skip_absent_tpu())\n"
+          "import jax\nprint(jax.default_backend())")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  p = subprocess.run([sys.executable, "-c", code], env={**env, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert p.stdout.split() == ["cpu", "cpu"] and "TPU_WORKER_HOSTNAMES" not in p.stderr
+  given = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**env, "JAX_PLATFORMS": "cpu"}, timeout=300)
+  assert given.stdout.split() == ["None", "cpu"]          # a user's choice stands
