@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -99,6 +100,10 @@ def test_stop_after_steps_then_resume_equals_uninterrupted(reference, tmp_path):
   _assert_same_params(_params(wd), _params(reference))
   evals = read_metrics(wd, "eval")
   assert evals[-1]["step"] == STEPS and set(evals[-1]["seq_acc_by_length"]) == {"2", "6"}
+  again = run_main(wd, *LONG)          # a finished run: says so and where its results are
+  said = again.stdout + again.stderr
+  assert f"is complete (step {STEPS} of {STEPS}): nothing to train" in said, said[-2000:]
+  assert "metrics.jsonl" in said and "resumed from" not in said
 
 
 def _damage_largest_shard(step_dir):
@@ -369,6 +374,14 @@ def test_progress_without_a_terminal_writes_one_line_per_update():
   silent = io.StringIO()
   Progress(100, 0, enabled=False, stream=silent).update(10, loss=1.0)
   assert silent.getvalue() == ""
+  # the rate and the ETA count from compiled() (the first step's compile left out)
+  timed = io.StringIO()
+  bar = Progress(100, 0, stream=timed)
+  time.sleep(0.5)                           # the first step, compiling
+  bar.compiled()
+  bar.update(10)
+  rate = float(re.search(r"\(([0-9.e+]+) step/s", timed.getvalue()).group(1))
+  assert rate > 100, timed.getvalue()       # 9 steps in no time, not 10 in 0.5 s
 
 
 def test_jacobi_sweeps_are_logged_as_the_window_mean_and_counted_in_flops_spent(tmp_path):
@@ -400,3 +413,31 @@ def test_jacobi_sweeps_are_logged_as_the_window_mean_and_counted_in_flops_spent(
   assert by_step < 8 * flops.train_step_flops(cfg, t.batch_size, t.seq_len, "jacobi")
   with pytest.raises(ValueError, match="loss_window"):
     flops.train_flops_spent(cfg, t.batch_size, t.seq_len, "jacobi", [{"jacobi_sweeps": 4}])
+
+
+_BUSY_UNDER_STOP_SIGNAL = """
+import sys, time
+from t2mlr_jax.train import loop
+with loop._StopSignal() as stop:
+  print("ready", flush=True)
+  time.sleep(120)                  # the main thread busy (a compile, a long step)
+"""
+
+
+def test_ctrl_c_is_acknowledged_at_once_and_a_second_one_exits_without_saving():
+  """The first SIGINT is answered while the main thread is still busy (the loop would save
+  after the step); the second exits at once with 128 + SIGINT, saving nothing."""
+  p = subprocess.Popen([sys.executable, "-c", _BUSY_UNDER_STOP_SIGNAL], cwd=ROOT, text=True,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  try:
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    ack = p.stdout.readline()
+    assert "received SIGINT: saving after this step" in ack and "Ctrl-C again" in ack, ack
+    assert time.monotonic() - start < 10
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=10) == 128 + signal.SIGINT
+    assert "received SIGINT again: exiting without saving" in p.stdout.read()
+  finally:
+    p.kill()

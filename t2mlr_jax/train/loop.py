@@ -2,8 +2,8 @@
 
 Resumes automatically from the latest checkpoint in the workdir (refusing a
 config that differs in anything but the cadences and `stop_after_steps`).
-SIGTERM/SIGINT finish the current step, save a checkpoint and return. A
-non-finite loss stops the run with NonFiniteLossError without saving, so the
+SIGTERM/SIGINT finish the current step, save a checkpoint and return; a second
+one exits at once without saving. A non-finite loss stops the run with NonFiniteLossError without saving, so the
 last good checkpoint stays the latest.
 """
 
@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import platform
 import signal
+import socket
+import sys
+import threading
 import time
 
 import jax
@@ -44,26 +48,62 @@ class NonFiniteLossError(RuntimeError):
 
 
 class _StopSignal:
-  """Turns SIGTERM/SIGINT into a flag the loop checks after each step."""
+  """SIGTERM/SIGINT: the first sets a flag the loop checks after each step (it then saves
+  and returns), acknowledged at once; a second exits at once without saving (what is
+  saved stays). Python runs signal handlers only between bytecodes, which a compile or a
+  long step delays by minutes: the C-level handler writes to a wakeup socket a watcher
+  thread reads, so the answer comes while the main thread is still busy."""
 
   def __init__(self):
     self.received = None
     self._previous = {}
+    self._wakeup = None
 
   def __enter__(self):
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    try:
+      previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:        # not the main thread: no handlers
+      reader.close(), writer.close()
+      return self
+    self._wakeup = (reader, writer, previous_fd)
     for sig in (signal.SIGTERM, signal.SIGINT):
-      try:
-        self._previous[sig] = signal.signal(sig, self._handle)
-      except ValueError:      # not the main thread: no handlers
-        pass
+      self._previous[sig] = signal.signal(sig, lambda signum, frame: None)
+    threading.Thread(target=self._watch, args=(reader,), daemon=True).start()
     return self
 
-  def _handle(self, signum, frame):
-    self.received = signal.Signals(signum).name
+  def _watch(self, reader) -> None:
+    while True:
+      try:
+        data = reader.recv(64)
+      except OSError:
+        return
+      if not data:
+        return
+      for signum in data:
+        if signum not in (signal.SIGTERM, signal.SIGINT):
+          continue
+        name = signal.Signals(signum).name
+        if self.received is None:
+          self.received = name
+          _say(f"received {name}: saving after this step, then exiting "
+               f"({'Ctrl-C' if signum == signal.SIGINT else 'the signal'} again: exit now "
+               "without saving; checkpoints already saved stay)")
+        else:
+          _say(f"received {name} again: exiting without saving")
+          sys.stdout.flush()
+          sys.stderr.flush()
+          os._exit(128 + signum)
 
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
+    if self._wakeup is not None:
+      reader, writer, previous_fd = self._wakeup
+      signal.set_wakeup_fd(previous_fd)
+      writer.close()
+      reader.close()
 
 
 def _record_run(workdir, config):
@@ -220,7 +260,13 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
       except Exception as e:
         raise _unreadable(workdir, latest, ckpt, e) from e
       writer.truncate_after(latest)
-      _say(f"resumed from step {latest} in {workdir}")
+      if latest >= t.num_steps:
+        _say(f"the run in {workdir} is complete (step {latest} of {t.num_steps}): nothing to "
+             f"train. Its losses and evaluations: {paths.resolve(workdir) / 'metrics.jsonl'}"
+             f"; its checkpoints: {paths.resolve(workdir) / 'checkpoints'}; evaluate it with "
+             f"python -m t2mlr_jax.evaluate --workdir={workdir}")
+      else:
+        _say(f"resumed from step {latest} in {workdir}")
     else:
       state = create_state(cfg, tx, jax.random.PRNGKey(t.seed), mesh)
       writer.truncate_after(0)        # records of an earlier attempt that saved nothing
@@ -252,11 +298,16 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
     if step < stop_at:
       _say(f"compiling the {mode} train step (tens of seconds on a CPU); the first log line "
            f"comes after step {min((step // t.log_every + 1) * t.log_every, stop_at)}")
+    first_step = step
     with _StopSignal() as stop:
       while step < stop_at:
         batch = _global_batch(next(data_iter), data_sharding)
         state, metrics = train_step(state, batch)
         step += 1
+        if step == first_step + 1:      # the compile: rates and the ETA count after it
+          jax.block_until_ready(metrics)
+          _say(f"compiled: the first step took {time.perf_counter() - window_start:.0f} s")
+          bar.compiled()
         window.append(metrics)
         # every process stops at the same step, whichever received the signal
         stopping = distributed.any_process(stop.received is not None)

@@ -110,24 +110,37 @@ def read_metrics(workdir: str, kind: Optional[str] = "train") -> list[dict]:
 class Progress:
   """Training progress: a tqdm bar (loss, tokens/s, ETA) on a terminal; where no bar can
   render (a log file, a notebook cell, a pipe) one line per update instead, so a run is
-  never silent between evaluations."""
+  never silent between evaluations. Rates and the ETA count from `compiled()` (after
+  the first step, which compiles) when the loop calls it."""
 
   def __init__(self, total: int, initial: int, enabled: bool = True, stream=None):
-    self.bar, self.lines = None, None
+    self.bar, self.lines, self.stream = None, None, stream
     self.total, self.done, self.start, self.first = total, initial, time.perf_counter(), initial
-    if not enabled:
-      return
-    if getattr(sys.stderr if stream is None else stream, "isatty", lambda: False)():
-      self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
-                      file=stream)
-    else:                      # lines go to stdout unless a stream is given
+    self.skip = 0                # steps already counted at compiled() (the bar's initial)
+    self.terminal = enabled and getattr(sys.stderr if stream is None else stream, "isatty",
+                                        lambda: False)()
+    if enabled and not self.terminal:   # lines go to stdout unless a stream is given
       self.lines = sys.stdout if stream is None else stream
+
+  def _open_bar(self, initial: int) -> None:
+    self.bar = tqdm(total=self.total, initial=initial, unit="step", dynamic_ncols=True,
+                    file=self.stream)
+
+  def compiled(self) -> None:
+    """The first step (its compile) is done: measure rates from here."""
+    self.start, self.first = time.perf_counter(), self.done + 1
+    if self.terminal and self.bar is None:
+      self._open_bar(self.done + 1)
+      self.skip = 1
 
   def update(self, steps: int, **postfix) -> None:
     self.done += steps
     shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()}
-    if self.bar is not None:
-      self.bar.update(steps)
+    if self.terminal:
+      if self.bar is None:
+        self._open_bar(self.done - steps)
+      self.bar.update(steps - self.skip)
+      self.skip = 0
       if postfix:
         self.bar.set_postfix(shown, refresh=False)
     elif self.lines is not None:
