@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from t2mlr_jax import T2MLRConfig, forward, generate  # noqa: E402
+from t2mlr_jax import T2MLRConfig, checkpoint, forward, generate  # noqa: E402
 from t2mlr_jax.convert import hf  # noqa: E402
 
 V = 61
@@ -193,11 +195,20 @@ def test_models_a_llama_config_cannot_hold_are_refused(tmp_path):
   from t2mlr_jax.convert import gguf, hf
   for cfg, field in ((ModelConfig(qk_norm=True), "qk_norm"),
                      (ModelConfig(logit_softcap=15.0), "logit_softcap"),
+                     (ModelConfig(rope_theta=None), "NoPE"),
                      (ModelConfig(recurrence=LRTConfig()), "LRTConfig")):
     params = init_params(cfg, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match=field):
       hf.to_hf(cfg, params, str(tmp_path / field))
     assert not (tmp_path / field).exists()
+  # the command line refuses before its tokenizer note, leaving no directory
+  nope = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, rope_theta=None)
+  checkpoint.export(nope, init_params(nope, jax.random.PRNGKey(0)), str(tmp_path / "nope"))
+  run = subprocess.run([sys.executable, "-m", "t2mlr_jax.convert", f"--from={tmp_path / 'nope'}",
+                        f"--to-hf={tmp_path / 'nope_hf'}"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert run.returncode == 2 and "NoPE" in run.stderr, run.stderr[-2000:]
+  assert run.stdout == "" and not (tmp_path / "nope_hf").exists()
   for load in (lambda: hf.from_hf(str(tmp_path), recurrence=LRTConfig()),
                lambda: gguf.from_gguf(str(tmp_path / "none.gguf"), recurrence=LRTConfig())):
     with pytest.raises(ValueError, match="recurrence=LRTConfig is invalid"):

@@ -80,6 +80,7 @@ def main(argv=None):
     if not args.to_hf:
       p.error("--from needs --to-hf HF_DIR")
     cfg, params = checkpoint.load(args.from_ckpt, args.step)
+    hf.check_llama_compatible(cfg)             # refuse before any note or directory
     try:              # the tokenizer the model came with (a workdir's data or init_from)
       found = loading.find_tokenizer(args.from_ckpt, args.step)
     except ValueError as e:

@@ -353,7 +353,9 @@ def check_recurrence_type(recurrence, where: str) -> None:
 
 
 def check_llama_compatible(cfg: ModelConfig) -> None:
-  """Refuse models whose function a Llama config.json would not reproduce."""
+  """Refuse models whose function a Llama config.json would not reproduce (before
+  anything is read or written: a refused export leaves no directory behind)."""
+  config_to_hf(cfg)                      # raises what config.json cannot state (NoPE)
   differ = {k: getattr(cfg, k) for k, v in LLAMA_DEFAULTS.items() if getattr(cfg, k) != v}
   if differ:
     raise ValueError(f"to_hf: this model sets {differ}, which a Hugging Face Llama config "
