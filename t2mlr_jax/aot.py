@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import os
 import re
+import threading
 import time
 from typing import Callable, Optional, Sequence
 
@@ -31,6 +32,7 @@ from t2mlr_jax.train.optimizer import make_optimizer
 from t2mlr_jax.train.step import abstract_state, check_batch, make_train_step, state_shardings
 
 STEPS = ("train", "eval", "decode")
+HEARTBEAT_S = 30.0          # a line this often while the compiler runs
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
                "collective-permute")
 GiB = 2 ** 30
@@ -127,15 +129,29 @@ def _oom_summary(message: str) -> Optional[str]:
 def _compile(jitted, args, topo, log, name) -> tuple:
   """(compiled, seconds) of a jitted function on abstract args, or DoesNotFit."""
   t0 = time.perf_counter()
-  log(f"compiling the {name} step for {topo.name} ({topo.num_devices} devices)...")
+  log(f"lowering the {name} step for {topo.name} ({topo.num_devices} devices)...")
+  lowered = jitted.lower(*args)
+  log(f"compiling it with XLA's TPU compiler (seconds for a small model; minutes for a "
+      f"100M+ model on a large slice; lowered in {time.perf_counter() - t0:.0f} s)...")
+  done = threading.Event()
+
+  def heartbeat():                    # a compile of several minutes is never silent
+    while not done.wait(HEARTBEAT_S):
+      log(f"  still compiling the {name} step ({time.perf_counter() - t0:.0f} s so far)")
+
+  threading.Thread(target=heartbeat, daemon=True).start()
   try:
-    compiled = jitted.lower(*args).compile()
+    compiled = lowered.compile()
   except Exception as e:              # XlaRuntimeError and friends
     summary = _oom_summary(str(e))
     if summary is None:
       raise
     raise DoesNotFit(summary) from None
-  return compiled, time.perf_counter() - t0
+  finally:
+    done.set()
+  seconds = time.perf_counter() - t0
+  log(f"compiled the {name} step in {seconds:.0f} s")
+  return compiled, seconds
 
 
 def _memory(compiled) -> dict:
