@@ -7,6 +7,10 @@ class, its module and the converters of its official checkpoints."""
 import ast
 import os
 import re
+import subprocess
+import sys
+
+import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "t2mlr_jax")
@@ -206,3 +210,17 @@ def test_no_citation_of_documents_outside_the_repository():
         text = open(os.path.join(folder, f), encoding="utf-8", errors="replace").read()
         for p in patterns:
           assert p not in text, f"{os.path.join(folder, f)} cites {p!r}"
+
+
+@pytest.mark.parametrize("entry", ["t2mlr_jax.main", "t2mlr_jax.evaluate", "t2mlr_jax.compile"])
+def test_training_and_evaluating_need_no_test_dependency(entry):
+  """README's first command installs the package alone (no torch, no transformers):
+  training, evaluating and compiling must not import what only tests and converters use."""
+  test_only = ("torch", "transformers", "accelerate", "lm_eval", "pytest")
+  code = (f"import sys, {entry}, t2mlr_jax.train.loop\n"
+          f"print([m for m in {test_only!r} if m in sys.modules])")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "[]", out.stdout
+  assert not set(test_only) & _install_requires()
