@@ -39,7 +39,11 @@ MODULES = (
      "the top-level API (`t2mlr_jax.__all__`)"),
     ("t2mlr_jax.registry", None, "the extension points: recurrence types and schedules, "
      "`--user_module`"),
-    ("t2mlr_jax.checkpoint", None, "training checkpoints, parameter exports, the loader"),
+    ("t2mlr_jax.checkpoint", None, "the loader of training checkpoints and parameter "
+     "exports"),
+    ("t2mlr_jax.train.checkpointer", None, "a training run's Orbax checkpoints (save, "
+     "restore, resume_step)"),
+    ("t2mlr_jax.tensorstore_reads", None, "TensorStore's failed reads after a failed restore"),
     ("t2mlr_jax.evaluate", None, "evaluating a checkpoint (`python -m t2mlr_jax.evaluate`)"),
     ("t2mlr_jax.chat", None, "chatting in the terminal (`python -m t2mlr_jax.chat`)"),
     ("t2mlr_jax.convert.hf", None, "Hugging Face Llama-family checkpoints, both ways"),
