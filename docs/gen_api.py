@@ -55,7 +55,12 @@ MODULES = (
      "`convert --to-hf`)"),
     ("t2mlr_jax.train.loop", None, "the training loop (`python -m t2mlr_jax.main`)"),
     ("t2mlr_jax.train.config", None, "the experiment config and its validation"),
-    ("t2mlr_jax.data.s5", None, "the S5 state-tracking task"),
+    ("t2mlr_jax.data.s5_group", None, "the S5 tasks' vocabulary, tokenizer and group algebra"),
+    ("t2mlr_jax.data.s5_examples", None, "S5-Retrieval and word-problem examples, their "
+     "control flow and metric masks"),
+    ("t2mlr_jax.data.s5_curricula", None, "the S5 training curricula (length, group, value "
+     "length)"),
+    ("t2mlr_jax.data.s5", None, "the S5 tasks' Grain source and batching"),
     ("t2mlr_jax.data.variable_assignment", None, "the variable-assignment task"),
     ("t2mlr_jax.data.multiple_choice", None, "multiple-choice downstream tasks"),
     ("t2mlr_jax.data.sft", None, "supervised fine-tuning data"),
