@@ -395,15 +395,11 @@ def main():
     print(part, {k: v for k, v in results[part].items()
                  if k not in ("raw_seconds", "machine")}, flush=True)
   out = args.out or f"bench_train_{args.shape}.json"
-  previous = os.path.join(bc.RESULTS, out)
-  if os.path.exists(previous):          # keep the parts not rerun
-    import json
-    with open(previous) as f:
-      old = json.load(f)
-    kept = ("step", "step_raw", "step_trained", "memory", "compile", "lrt_step",
-            "lrt_memory", "lrt_compile", "loss_memory", "hf_step")
-    results = {**{k: v for k, v in old.items() if k in kept},
-               **results}
+  old = bc.read_json(out, default={})   # keep the parts not rerun
+  kept = ("step", "step_raw", "step_trained", "memory", "compile", "lrt_step",
+          "lrt_memory", "lrt_compile", "loss_memory", "hf_step")
+  results = {**{k: v for k, v in old.items() if k in kept},
+             **results}
   print("wrote", bc.write_json(out, results))
 
 
