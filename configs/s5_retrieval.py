@@ -113,11 +113,12 @@ def get_config(variant: str = ""):
 
 
 def _fitting_seq_len(c) -> int:
-  """The longest training example's length (data.s5.sequence_length), up to a multiple of 8."""
-  from t2mlr_jax.data import s5
+  """The longest training example's length (data.s5_examples.sequence_length), up to a
+  multiple of 8."""
+  from t2mlr_jax.data import s5_examples
   d = c.data
-  n = s5.sequence_length(d.max_actions, value_len=d.value_len, dict_size=d.dict_size,
-                         group=d.group)
+  n = s5_examples.sequence_length(d.max_actions, value_len=d.value_len,
+                                  dict_size=d.dict_size, group=d.group)
   return -(-n // 8) * 8
 
 

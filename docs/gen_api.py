@@ -39,7 +39,11 @@ MODULES = (
      "the top-level API (`t2mlr_jax.__all__`)"),
     ("t2mlr_jax.registry", None, "the extension points: recurrence types and schedules, "
      "`--user_module`"),
-    ("t2mlr_jax.checkpoint", None, "training checkpoints, parameter exports, the loader"),
+    ("t2mlr_jax.checkpoint", None, "the loader of training checkpoints and parameter "
+     "exports"),
+    ("t2mlr_jax.train.checkpointer", None, "a training run's Orbax checkpoints (save, "
+     "restore, resume_step)"),
+    ("t2mlr_jax.tensorstore_reads", None, "TensorStore's failed reads after a failed restore"),
     ("t2mlr_jax.evaluate", None, "evaluating a checkpoint (`python -m t2mlr_jax.evaluate`)"),
     ("t2mlr_jax.chat", None, "chatting in the terminal (`python -m t2mlr_jax.chat`)"),
     ("t2mlr_jax.convert.hf", None, "Hugging Face Llama-family checkpoints, both ways"),
@@ -51,7 +55,12 @@ MODULES = (
      "`convert --to-hf`)"),
     ("t2mlr_jax.train.loop", None, "the training loop (`python -m t2mlr_jax.main`)"),
     ("t2mlr_jax.train.config", None, "the experiment config and its validation"),
-    ("t2mlr_jax.data.s5", None, "the S5 state-tracking task"),
+    ("t2mlr_jax.data.s5_group", None, "the S5 tasks' vocabulary, tokenizer and group algebra"),
+    ("t2mlr_jax.data.s5_examples", None, "S5-Retrieval and word-problem examples, their "
+     "control flow and metric masks"),
+    ("t2mlr_jax.data.s5_curricula", None, "the S5 training curricula (length, group, value "
+     "length)"),
+    ("t2mlr_jax.data.s5", None, "the S5 tasks' Grain source and batching"),
     ("t2mlr_jax.data.variable_assignment", None, "the variable-assignment task"),
     ("t2mlr_jax.data.multiple_choice", None, "multiple-choice downstream tasks"),
     ("t2mlr_jax.data.sft", None, "supervised fine-tuning data"),

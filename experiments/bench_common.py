@@ -1,14 +1,17 @@
-"""Shared helpers of the benchmarks: machine info, timing, medians, JSON output."""
+"""Shared helpers of the benchmarks and experiments: machine info, timing, medians, and the
+results JSON files (read_json / write_json: every script reads and writes them here)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import platform
 import statistics
 import subprocess
+import tempfile
 import time
-from typing import Callable
+from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "experiments", "results")
@@ -82,12 +85,71 @@ def median(xs) -> float:
   return float(statistics.median(xs))
 
 
-def write_json(name: str, payload: dict) -> str:
-  os.makedirs(RESULTS, exist_ok=True)
-  path = os.path.join(RESULTS, name)
-  payload = {"machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M"), **payload}
-  with open(path, "w") as f:
-    json.dump(payload, f, indent=2)
+def results_path(name_or_path: str) -> str:
+  """A results file: a name (or a relative path) is under experiments/results/, an
+  absolute path is itself."""
+  return os.path.join(RESULTS, name_or_path)
+
+
+_NO_DEFAULT = object()
+
+
+def read_json(name_or_path: str, default: Any = _NO_DEFAULT):
+  """The contents of a results JSON file (see results_path); a copy of `default` when the
+  file does not exist (without a default, FileNotFoundError)."""
+  path = results_path(name_or_path)
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    if default is _NO_DEFAULT:
+      raise
+    return copy.deepcopy(default)
+
+
+def _ends_with_newline(path: str) -> bool:
+  with open(path, "rb") as f:
+    f.seek(0, os.SEEK_END)
+    if f.tell() == 0:
+      return False
+    f.seek(-1, os.SEEK_END)
+    return f.read(1) == b"\n"
+
+
+def write_json(name_or_path: str, payload: dict, *, indent: int = 2,
+               stamp: bool = True) -> str:
+  """Write `payload` to a results JSON file (see results_path); returns its path.
+
+  stamp: the benchmarks' header first ("machine": machine_info(), "date"); the experiments'
+  accumulating files pass stamp=False and the indent they have always been written with.
+  The file is replaced whole or not at all: written to a temporary file beside it, then
+  renamed over it (os.replace), so a run killed while writing (or a payload that does not
+  serialize) leaves the previous file intact. A file that ends with a newline keeps it, so
+  rewriting unchanged contents leaves the file unchanged."""
+  path = results_path(name_or_path)
+  if stamp:
+    payload = {"machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M"), **payload}
+  text = json.dumps(payload, indent=indent)
+  directory = os.path.dirname(path)
+  os.makedirs(directory, exist_ok=True)
+  if os.path.exists(path):
+    mode = os.stat(path).st_mode & 0o777          # the replaced file's permissions
+    if _ends_with_newline(path):
+      text += "\n"
+  else:
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = 0o666 & ~umask                         # as open(path, "w") would create it
+  fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                             dir=directory)
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+  except BaseException:
+    os.unlink(tmp)
+    raise
   return path
 
 

@@ -40,7 +40,7 @@ def main():
 
   import t2mlr_jax
   from t2mlr_jax import checkpoint
-  from t2mlr_jax.data import s5
+  from t2mlr_jax.data import s5_examples, s5_group
   from t2mlr_jax.model import modes
   from t2mlr_jax.model.schedules import jacobi as jacobi_schedule
 
@@ -62,8 +62,8 @@ def main():
     jac_fn = jax.jit(lambda p, t, i, c=mcfg: jacobi_schedule.jacobi_prefill(p, c, t, i, args.tol)[:2])
     rows = {}
     for T in lengths:
-      if cfg.vocab_size == s5.VOCAB_SIZE:     # an S3 word problem of T actions
-        tokens = s5.generate_word_problem(7, T, group="S3")["input_ids"][None]
+      if cfg.vocab_size == s5_group.VOCAB_SIZE:     # an S3 word problem of T actions
+        tokens = s5_examples.generate_word_problem(7, T, group="S3")["input_ids"][None]
       else:
         tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (1, T)).astype(np.int32)
       tokens = jnp.asarray(tokens)

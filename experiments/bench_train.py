@@ -222,14 +222,15 @@ def part_step_trained(workdir, repeats, tol):
   import numpy as np
 
   from t2mlr_jax import checkpoint
-  from t2mlr_jax.data import s5
+  from t2mlr_jax.data import s5_examples
   cfg, params = checkpoint.load(workdir)
   config = checkpoint.load_config(workdir)
   if config.data.task != "s5_word_problem":
     raise SystemExit(f"--workdir: {workdir} holds a {config.data.task!r} run; "
                      "step_trained needs an s5_word_problem run")
   B, T = config.train.batch_size, config.data.max_actions
-  problems = [s5.generate_word_problem((7, i), T, group=config.data.group) for i in range(B)]
+  problems = [s5_examples.generate_word_problem((7, i), T, group=config.data.group)
+              for i in range(B)]
   tokens = np.stack([ex["input_ids"] for ex in problems])
   labels = np.stack([ex["target_ids"] for ex in problems])     # the running states
   return {"workdir": os.path.relpath(workdir, bc.ROOT), "batch": B, "seq_len": T,
@@ -394,15 +395,11 @@ def main():
     print(part, {k: v for k, v in results[part].items()
                  if k not in ("raw_seconds", "machine")}, flush=True)
   out = args.out or f"bench_train_{args.shape}.json"
-  previous = os.path.join(bc.RESULTS, out)
-  if os.path.exists(previous):          # keep the parts not rerun
-    import json
-    with open(previous) as f:
-      old = json.load(f)
-    kept = ("step", "step_raw", "step_trained", "memory", "compile", "lrt_step",
-            "lrt_memory", "lrt_compile", "loss_memory", "hf_step")
-    results = {**{k: v for k, v in old.items() if k in kept},
-               **results}
+  old = bc.read_json(out, default={})   # keep the parts not rerun
+  kept = ("step", "step_raw", "step_trained", "memory", "compile", "lrt_step",
+          "lrt_memory", "lrt_compile", "loss_memory", "hf_step")
+  results = {**{k: v for k, v in old.items() if k in kept},
+             **results}
   print("wrote", bc.write_json(out, results))
 
 

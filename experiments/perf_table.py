@@ -7,20 +7,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "experiments", "results")
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from bench_common import read_json  # noqa: E402
+
 START, END = "<!-- perf:start -->", "<!-- perf:end -->"
-
-
-def _load(name):
-  path = os.path.join(RESULTS, name)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
 
 
 def _machine(d) -> str:
@@ -214,27 +208,27 @@ def xla_flags_rows(d) -> list[str]:
 
 def table() -> str:
   parts = []
-  d = _load("bench_decode.json")
+  d = read_json("bench_decode.json", default=None)
   if d:
     parts += decode_rows(d) + [""]
   for name in ("smollm2-135m", "s5"):
-    t = _load(f"bench_train_{name}.json")
+    t = read_json(f"bench_train_{name}.json", default=None)
     if t:
       parts += train_rows(t, name)
-  p = _load("bench_prefill.json")
+  p = read_json("bench_prefill.json", default=None)
   if p:
     parts += prefill_rows(p) + [""]
   for out_name in ("bench_train_lrt.json", "bench_train_lrt_s5.json"):
-    t = _load(out_name)
+    t = read_json(out_name, default=None)
     if t:
       parts += lrt_train_rows(t, out_name)
-  d = _load("bench_decode_lrt.json")
+  d = read_json("bench_decode_lrt.json", default=None)
   if d:
     parts += lrt_decode_rows(d) + [""]
-  d = _load("bench_loss_memory.json")
+  d = read_json("bench_loss_memory.json", default=None)
   if d:
     parts += loss_memory_rows(d) + [""]
-  d = _load("xla_cpu_flags.json")
+  d = read_json("xla_cpu_flags.json", default=None)
   if d:
     parts += xla_flags_rows(d) + [""]
   return "\n".join(parts).rstrip() + "\n"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
 import platform
@@ -35,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
-from bench_common import apply_overrides, git_commit  # noqa: E402
+from bench_common import apply_overrides, git_commit, read_json, write_json  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "experiments", "results")
 # The tied embedding is Muon's "embeddings" group (train/optimizer.py); it is the LM head
@@ -158,24 +157,13 @@ def run_arm(name: str, steps: int, evals: int, seed: int, data: str, workdir: st
 
 
 def results_path(seed: int, out_dir: str = RESULTS) -> str:
-  """One file per seed: pretrain_lm.json (seed 0), pretrain_lm_seed<k>.json."""
-  return os.path.join(out_dir, "pretrain_lm.json" if seed == 0 else
-                      f"pretrain_lm_seed{seed}.json")
+  """One file per seed: pretrain_lm.json (seed 0), pretrain_lm_seed<k>.json (an absolute
+  path: bench_common reads a relative one under experiments/results/)."""
+  return os.path.abspath(os.path.join(out_dir, "pretrain_lm.json" if seed == 0 else
+                                      f"pretrain_lm_seed{seed}.json"))
 
 
-def load_results(path: str) -> dict:
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
-  return {"arms": {}}
-
-
-def save_results(path: str, result: dict) -> None:
-  """Atomically: a run killed while writing leaves the previous file whole."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(result, f, indent=2)
-  os.replace(path + ".tmp", path)
+EMPTY = {"arms": {}}        # a seed's file before its first arm (read_json copies it)
 
 
 def plot(result: dict, path: str) -> None:
@@ -209,8 +197,7 @@ def seeds_recorded(out_dir: str = RESULTS) -> dict:
   for file in sorted(os.listdir(out_dir)):
     if file == "pretrain_lm.json" or (file.startswith("pretrain_lm_seed")
                                       and file.endswith(".json")):
-      with open(os.path.join(out_dir, file)) as f:
-        result = json.load(f)
+      result = read_json(os.path.abspath(os.path.join(out_dir, file)))
       found[int(result.get("seed", 0))] = result
   return found
 
@@ -390,7 +377,7 @@ def main():
       "budget_tokens": steps * tokens_per_step, "seed": args.seed, "eval_blocks": 64}
 
   def record(name, arm):
-    result = load_results(out)
+    result = read_json(out, default=EMPTY)
     if result.get("budget_tokens", header["budget_tokens"]) != header["budget_tokens"]:
       raise SystemExit(f"{out} holds runs at {result['budget_tokens']} tokens, not "
                        f"{header['budget_tokens']}: pass --out_dir for another budget")
@@ -398,11 +385,11 @@ def main():
     result["arms"][name] = arm
     result["recorded"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine":
                           f"{platform.machine()}, {os.cpu_count()} CPU cores"}
-    save_results(out, result)
+    write_json(out, result, indent=2, stamp=False)     # atomic: never half a file
     plot(result, os.path.splitext(out)[0] + ".png")
 
   for name in names:
-    done = load_results(out)["arms"]
+    done = read_json(out, default=EMPTY)["arms"]
     if name in done and not args.rerun:
       print(f"{name}: recorded in {os.path.relpath(out, ROOT)}, skipped")
       continue
@@ -411,7 +398,7 @@ def main():
                   os.path.join(args.workdir, f"{name}_seed{args.seed}"))
     record(name, arm)
     print(f"  exact bpb {arm['final']['exact']:.4f} in {arm['wall_s']} s", flush=True)
-  done = load_results(out)["arms"]
+  done = read_json(out, default=EMPTY)["arms"]
   if not args.no_flops_match and "transformer" in names and (
       "transformer_flops" not in done or args.rerun):
     others = [a for n, a in done.items() if n not in ("transformer", "transformer_flops")]
@@ -425,7 +412,7 @@ def main():
                     os.path.join(args.workdir, f"transformer_flops_seed{args.seed}"))
       arm["matches_flops_of"] = target["variant"]
       record("transformer_flops", arm)
-  for name, arm in load_results(out)["arms"].items():
+  for name, arm in read_json(out, default=EMPTY)["arms"].items():
     f = arm["final"]
     views = ", ".join(f"{k} {v:.4f}" for k, v in f.items() if k not in ("step", "tokens",
                                                                           "flops"))

@@ -34,6 +34,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from bench_common import read_json, write_json  # noqa: E402
+
 RESULTS = os.path.join(ROOT, "experiments", "results")
 CONFIG = os.path.join(ROOT, "configs", "retrofit_smollm2_135m_va.py")
 TRAIN_SEED, EVAL_SEED = 1, 2
@@ -166,6 +169,7 @@ def main():
   p.add_argument("--workdir", default=os.path.join(ROOT, "workdirs", "retrofit_smollm2"))
   p.add_argument("--out", default=os.path.join(RESULTS, "retrofit_smollm2.json"))
   args = p.parse_args()
+  args.out = os.path.abspath(args.out)      # bench_common reads a relative path under results/
   from t2mlr_jax.train.metrics import quiet_absl_logs
   quiet_absl_logs()
   os.makedirs(args.workdir, exist_ok=True)
@@ -180,10 +184,7 @@ def main():
             "train_examples": args.steps * 8, "eval_examples": len(records),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
             "command": "python experiments/retrofit_smollm2.py " + " ".join(sys.argv[1:]),
-            "arms": {}}
-  if os.path.isfile(args.out):
-    with open(args.out) as f:
-      result["arms"] = json.load(f).get("arms", {})
+            "arms": read_json(args.out, default={}).get("arms", {})}   # finished arms kept
   for name in args.arms.split(","):
     if name not in ARMS:
       raise SystemExit(f"--arms: {name!r} is invalid: allowed {', '.join(ARMS)}")
@@ -192,10 +193,7 @@ def main():
     arm = result["arms"][name]
     print(f"{name}: exact match {arm['exact_match']:.3f}, last number "
           f"{arm['last_number']:.3f}, chain {arm['chain_correct']}", flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".tmp", "w") as f:
-      json.dump(result, f, indent=1)
-    os.replace(args.out + ".tmp", args.out)
+    write_json(args.out, result, indent=1, stamp=False)
   print(f"wrote {args.out}")
 
 

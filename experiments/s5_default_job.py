@@ -22,6 +22,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from bench_common import read_json, write_json  # noqa: E402
+
 OUT = os.path.join(ROOT, "experiments", "results", "s5_default_job.json")
 CURVE = ("seq_acc", "state_acc", "value_acc")
 
@@ -119,10 +122,9 @@ def record(name: str, config_path: str, workdir: str, note: str = "",
     run["note"] = note
   run["recorded"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
                      "versions": {"jax": jax.__version__, "python": platform.python_version()}}
-  report = json.load(open(OUT)) if os.path.exists(OUT) else {"runs": {}}
+  report = read_json(OUT, default={"runs": {}})
   report["runs"][name] = run
-  with open(OUT, "w") as f:
-    json.dump(report, f, indent=1)
+  write_json(OUT, report, indent=1, stamp=False)
   return run
 
 

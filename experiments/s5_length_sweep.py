@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "configs"))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
-from bench_common import git_commit  # noqa: E402
+from bench_common import git_commit, read_json, write_json  # noqa: E402
 
 MODELS = {   # name -> config module
     "t2mlr_middle": "s5_retrieval",
@@ -42,6 +42,13 @@ MODELS = {   # name -> config module
                   lambda c: c.model.recurrence.update(passes=c.train.seq_len)),
 }
 PRESETS = {"word": "word", "retrieval": ""}
+
+
+def _stem(preset: str, out_dir: str) -> str:
+  """The preset's results path without its extension (absolute: bench_common reads a
+  relative path under experiments/results/)."""
+  name = "s5_length_sweep" + ("" if preset == "word" else f"_{preset}")
+  return os.path.abspath(os.path.join(out_dir, name))
 
 
 def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
@@ -90,13 +97,11 @@ def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
                                      "passes": r.passes, "source_layer": r.source_layer}
     print(json.dumps({name: results[name]}), flush=True)
 
-  stem = os.path.join(out_dir, "s5_length_sweep" + ("" if preset == "word" else f"_{preset}"))
-  if os.path.exists(stem + ".json"):     # rerunning some models keeps the others' results
-    with open(stem + ".json") as f:
-      previous = json.load(f)
-    if previous.get("preset") == preset:
-      results = {**{k: v for k, v in previous["models"].items() if k not in results}, **results}
-      results = {k: results[k] for k in MODELS if k in results}
+  stem = _stem(preset, out_dir)
+  previous = read_json(stem + ".json", default={})
+  if previous.get("preset") == preset:   # rerunning some models keeps the others' results
+    results = {**{k: v for k, v in previous["models"].items() if k not in results}, **results}
+    results = {k: results[k] for k in MODELS if k in results}
   ref = results.get("t2mlr_middle", next(iter(results.values())))["params"]
   report = {
       "preset": preset, "task": config.data.task, "group": config.data.group,
@@ -108,9 +113,7 @@ def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
       "param_ratio_to_t2mlr": {k: round(v["params"] / ref, 3) for k, v in results.items()},
       "models": results,
   }
-  os.makedirs(out_dir, exist_ok=True)
-  with open(stem + ".json", "w") as f:
-    json.dump(report, f, indent=2)
+  write_json(stem + ".json", report, indent=2, stamp=False)
   plot(report, stem + ".png")
   return report
 
@@ -143,9 +146,8 @@ def plot(report: dict, path: str) -> None:
 
 
 def replot(preset: str, out_dir: str) -> None:
-  stem = os.path.join(out_dir, "s5_length_sweep" + ("" if preset == "word" else f"_{preset}"))
-  with open(stem + ".json") as f:
-    plot(json.load(f), stem + ".png")
+  stem = _stem(preset, out_dir)
+  plot(read_json(stem + ".json"), stem + ".png")
 
 
 def main():

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 import time
@@ -32,9 +31,10 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "configs"))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
-from bench_common import git_commit, machine_info  # noqa: E402
+from bench_common import git_commit, machine_info, read_json, write_json  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "experiments", "results", "s5_lstm_gap.json")
+EMPTY = {"runs": {}}        # the results before the first run (read_json copies it)
 ARMS = {"t2mlr": "s5_retrieval", "lstm": "s5_retrieval_lstm",
         "transformer": "s5_retrieval_transformer", "lrt": "s5_retrieval_lrt"}
 VARIANTS = ("", "v2", "v4", "v2_staged", "s4", "s4_d16")
@@ -120,22 +120,9 @@ def add_slots(name: str, run: dict, workroot: str) -> bool:
   return True
 
 
-def load() -> dict:
-  if os.path.exists(RESULTS):
-    with open(RESULTS) as f:
-      return json.load(f)
-  return {"runs": {}}
-
-
-def save(result: dict) -> None:
-  with open(RESULTS + ".tmp", "w") as f:
-    json.dump(result, f, indent=1)
-  os.replace(RESULTS + ".tmp", RESULTS)
-
-
 def table() -> str:
   """One row per (variant, arm): accuracies at each evaluated length, per seed."""
-  runs = load()["runs"]
+  runs = read_json(RESULTS, default=EMPTY)["runs"]
   if not runs:
     return "(no runs recorded yet)"
   lengths = sorted({k for r in runs.values() for k in r["seq_acc_by_length"]}, key=int)
@@ -180,10 +167,10 @@ def main():
     print(table())
     return
   if args.slots:
-    for name in list(load()["runs"]):
-      result = load()
+    for name in list(read_json(RESULTS, default=EMPTY)["runs"]):
+      result = read_json(RESULTS, default=EMPTY)
       if add_slots(name, result["runs"][name], args.workdir):
-        save(result)
+        write_json(RESULTS, result, indent=1, stamp=False)
         print(f"{name}: value acc by character {result['runs'][name]['value_acc_by_slot']}")
     return
   variants = ["" if v == "v1" else v for v in args.variants.split(",") if v]
@@ -197,22 +184,22 @@ def main():
       for seed in seeds:
         name = key(variant, arm, seed)
         if args.record_stopped:
-          result = load()
+          result = read_json(RESULTS, default=EMPTY)
           result["runs"][name] = record(variant, arm, seed,
                                         workdir_of(variant, arm, seed, args.workdir), 0.0,
                                         partial=True)
-          save(result)
+          write_json(RESULTS, result, indent=1, stamp=False)
           print(f"{name}: recorded from {workdir_of(variant, arm, seed, args.workdir)}")
           continue
-        done = load()["runs"].get(name)
+        done = read_json(RESULTS, default=EMPTY)["runs"].get(name)
         if done and "stopped_at_eval" not in done:         # a stopped run is resumed
           print(f"{name}: recorded, skipped")
           continue
         print(f"[{time.strftime('%H:%M:%S')}] {name}", flush=True)
         run = run_one(variant, arm, seed, args.workdir)
-        result = load()                        # another process may have added runs
+        result = read_json(RESULTS, default=EMPTY)   # another process may have added runs
         result["runs"][name] = run
-        save(result)
+        write_json(RESULTS, result, indent=1, stamp=False)
         print(f"  seq acc by length {run['seq_acc_by_length']}, state "
               f"{run['state_acc']:.3f}, value {run['value_acc']:.3f}", flush=True)
 

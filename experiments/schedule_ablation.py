@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "configs"))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
-from bench_common import apply_overrides, git_commit  # noqa: E402
+from bench_common import apply_overrides, git_commit, read_json, write_json  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "experiments", "results")
 
@@ -158,8 +158,7 @@ def adopt(task: str, run: str) -> dict:
   from t2mlr_jax import flops
   from t2mlr_jax.train import config as config_lib
   file, keys = ADOPTED[task][run]
-  with open(os.path.join(RESULTS, file)) as f:
-    source = json.load(f)
+  source = read_json(file)
   for key in keys:
     source = source[key]
   # the recorded run: its config's default job with the overrides it was trained under
@@ -207,24 +206,9 @@ def results_path(task: str) -> str:
   return os.path.join(RESULTS, f"schedule_ablation_{task}.json")
 
 
-def load(task: str) -> dict:
-  path = results_path(task)
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
-  return {"task": task, "runs": {}}
-
-
-def save(task: str, result: dict) -> None:
-  path = results_path(task)
-  with open(path + ".tmp", "w") as f:
-    json.dump(result, f, indent=1)
-  os.replace(path + ".tmp", path)
-
-
 def table(task: str) -> str:
   """The docs' table of one task from its JSON (the runs recorded so far)."""
-  runs = load(task)["runs"]
+  runs = read_json(results_path(task), default={"task": task, "runs": {}})["runs"]
   if not runs:
     return f"(no {task} runs recorded yet)"
   if task == "lm":
@@ -276,7 +260,7 @@ def plot(task: str, path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  runs = load(task)["runs"]
+  runs = read_json(results_path(task), default={"task": task, "runs": {}})["runs"]
   if not runs:
     return
   fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -322,14 +306,14 @@ def main():
   if unknown:
     p.error(f"--runs: unknown {unknown}; allowed {list(TASKS[args.task][1])}")
   for name in names:
-    result = load(args.task)
+    result = read_json(results_path(args.task), default={"task": args.task, "runs": {}})
     if name in result["runs"] and not args.steps:
       print(f"{name}: recorded, skipped")
       continue
     if name in ADOPTED.get(args.task, {}) and not args.steps:
       result["runs"][name] = adopt(args.task, name)
       print(f"{name}: adopted from {result['runs'][name]['adopted_from']}")
-      save(args.task, result)
+      write_json(results_path(args.task), result, indent=1, stamp=False)
       plot(args.task, results_path(args.task)[:-5] + ".png")
       continue
     record = run_one(args.task, name, args.workdir if not args.steps else
@@ -337,9 +321,10 @@ def main():
     print(f"{name}: {json.dumps({k: record[k] for k in record if k.endswith('acc') or k.startswith('bpb') or k == 'wall_s'})}")
     if args.steps:
       continue
-    result = load(args.task)               # another process may have added runs
+    # read again: another process may have added runs
+    result = read_json(results_path(args.task), default={"task": args.task, "runs": {}})
     result["runs"][name] = record
-    save(args.task, result)
+    write_json(results_path(args.task), result, indent=1, stamp=False)
     plot(args.task, results_path(args.task)[:-5] + ".png")
 
 

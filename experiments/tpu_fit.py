@@ -24,6 +24,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from bench_common import read_json, write_json  # noqa: E402
+
 OUT = os.path.join(ROOT, "experiments", "results", "tpu_fit.json")
 
 # name -> (config, topology, overrides, why this cell)
@@ -72,8 +75,7 @@ def _compile(config, topology, overrides, accum=None) -> dict:
     if p.returncode not in (0, 3) or not os.path.exists(out):
       return {"error": (p.stderr.strip().splitlines() or ["?"])[-1], "command": cmd[2:],
               "exit": p.returncode}
-    with open(out) as f:
-      report = json.load(f)
+    report = read_json(out)
   report["command"] = "python -m t2mlr_jax.compile " + " ".join(
       c for c in cmd[3:] if not c.startswith("--output"))
   report["wall_seconds"] = round(time.time() - t0, 1)
@@ -182,17 +184,13 @@ def main():
                   "docs' markdown table and exit")
   args = ap.parse_args()
   if args.table:
-    with open(OUT) as f:
-      print(table(json.load(f)))
+    print(table(read_json(OUT)))
     return
   names = [n.strip() for n in args.cells.split(",") if n.strip()]
   unknown = [n for n in names if n not in CELLS]
   if unknown:
     sys.exit(f"error: unknown cells {unknown}: allowed {sorted(CELLS)}")
-  results = {"cells": {}}
-  if os.path.exists(OUT):
-    with open(OUT) as f:
-      results = json.load(f)
+  results = read_json(OUT, default={"cells": {}})
   from importlib import metadata
 
   import jax
@@ -205,9 +203,7 @@ def main():
     entry = run_cell(name)
     entry["recorded"] = time.strftime("%Y-%m-%d %H:%M")
     results["cells"][name] = entry
-    with open(OUT + ".tmp", "w") as f:
-      json.dump(results, f, indent=2)
-    os.replace(OUT + ".tmp", OUT)          # never a half-written table
+    write_json(OUT, results, indent=2, stamp=False)          # never a half-written table
     print(json.dumps({k: entry.get(k) for k in ("default", "smallest_fitting_grad_accum_steps",
                                                   "error")}), flush=True)
 

@@ -12,7 +12,6 @@ The ratio is what to compare across settings: each run measures both sides itsel
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -39,12 +38,11 @@ def run(name: str, flags: str, repeats: int) -> dict:
                          "--parts=hf_step", f"--repeats={repeats}", f"--out={out}"],
                         env=env, capture_output=True, text=True, cwd=bc.ROOT)
   row = {"xla_flags": flags, "wall_s": round(time.perf_counter() - start, 1)}
-  path = os.path.join(bc.RESULTS, out)
+  path = bc.results_path(out)
   if proc.returncode != 0 or not os.path.exists(path):
     row["error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
     return row
-  with open(path) as f:
-    hf = json.load(f)["hf_step"]
+  hf = bc.read_json(path)["hf_step"]
   os.remove(path)
   row.update(ms_per_step=hf["ms_per_step"], ours_over_hf=hf["ours_over_hf"],
              loss_ours=hf["loss"]["ours"], loss_hf=hf["loss"]["hf_pytorch"])

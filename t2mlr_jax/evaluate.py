@@ -36,6 +36,7 @@ from t2mlr_jax.data.tokenizer import load_tokenizer
 from t2mlr_jax.eval import downstream
 from t2mlr_jax.eval.bpb import evaluate_bpb
 from t2mlr_jax.model.modes import mode_names
+from t2mlr_jax.train.checkpointer import Checkpointer
 from t2mlr_jax.train.metrics import quiet_absl_logs
 from t2mlr_jax.train.tasks import get_task, run_eval
 
@@ -72,7 +73,7 @@ _BOS = flags.DEFINE_bool("add_bos", False, "prepend the tokenizer's BOS token")
 def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
   """The training task's own evaluation of a workdir's checkpoint (latest step by default)
   in `mode`: {step, task, mode, **metrics}, the numbers the trainer logs."""
-  ckpt = checkpoint.Checkpointer(workdir, read_only=True)
+  ckpt = Checkpointer(workdir, read_only=True)
   step = ckpt.latest_step() if step is None else step
   ckpt.manager.close()
   if step is None:

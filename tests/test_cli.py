@@ -93,8 +93,8 @@ def test_a_script_beside_a_clone_named_t2mlr_jax_is_told_what_happened(tmp_path)
   says so and loads the package inside the clone (not an empty namespace package)."""
   (tmp_path / "t2mlr_jax").symlink_to(ROOT, target_is_directory=True)
   (tmp_path / "script.py").write_text(
-      "from t2mlr_jax import forward\nimport t2mlr_jax.data.s5 as s5\n"
-      "print(forward.__module__, s5.VOCAB_SIZE)\n")
+      "from t2mlr_jax import forward\nimport t2mlr_jax.data.s5_group as s5_group\n"
+      "print(forward.__module__, s5_group.VOCAB_SIZE)\n")
   run = subprocess.run([sys.executable, "script.py"], capture_output=True, text=True,
                        cwd=tmp_path, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert run.returncode == 0, run.stderr[-2000:]

@@ -2,21 +2,21 @@
 
 import numpy as np
 
-from t2mlr_jax.data import pipeline, s5
+from t2mlr_jax.data import pipeline, s5_examples, s5_group
 from t2mlr_jax.eval.s5 import S5Metrics
 
 
 def _batch():
-  examples = [s5.generate_example(1, 2, value_len=1, group="S3"),
-              s5.generate_example(2, 3, value_len=1, group="S3")]
+  examples = [s5_examples.generate_example(1, 2, value_len=1, group="S3"),
+              s5_examples.generate_example(2, 3, value_len=1, group="S3")]
   return pipeline.stack_batches(examples, seq_len=16, batch_size=3)[0]   # + one filler row
 
 
 def test_state_right_values_wrong_per_length():
   batch = _batch()
   pred = batch["target_ids"].copy()
-  value = s5.position_masks(batch)["value"]
-  pred[1][value[1]] = s5.SPACE_ID            # row 1 (3 actions): every value wrong
+  value = s5_examples.position_masks(batch)["value"]
+  pred[1][value[1]] = s5_group.SPACE_ID            # row 1 (3 actions): every value wrong
   metrics = S5Metrics()
   metrics.update(pred, batch)
   r = metrics.result()
@@ -30,14 +30,15 @@ def test_state_right_values_wrong_per_length():
 def test_value_accuracy_per_character_of_the_value():
   """v = 2: every second character wrong gives slot 1 accuracy 1, slot 2 accuracy 0, and
   value accuracy 1/2; value_slots numbers each action's slots 1, 2 and nothing else."""
-  examples = [s5.generate_example(i, n, value_len=2, group="S3") for i, n in ((1, 2), (2, 4))]
+  examples = [s5_examples.generate_example(i, n, value_len=2, group="S3")
+              for i, n in ((1, 2), (2, 4))]
   batch = pipeline.stack_batches(examples, seq_len=32, batch_size=2)[0]
-  slots = s5.value_slots(batch)
-  masks = s5.position_masks(batch)
+  slots = s5_examples.value_slots(batch)
+  masks = s5_examples.position_masks(batch)
   assert ((slots > 0) == masks["value"]).all()
   assert [(slots == k).sum(-1).tolist() for k in (1, 2)] == [[2, 4], [2, 4]]
   pred = batch["target_ids"].copy()
-  pred[slots == 2] = s5.SPACE_ID
+  pred[slots == 2] = s5_group.SPACE_ID
   m = S5Metrics()
   m.update(pred, batch)
   r = m.result()
@@ -50,7 +51,7 @@ def test_perfect_all_wrong_and_accumulated_predictions():
   supervised position 0, and the two accumulated over batches exactly 1/2."""
   batch = _batch()
   tgt = batch["target_ids"]
-  wrong = np.where(tgt >= 0, (tgt + 1) % s5.VOCAB_SIZE, tgt)
+  wrong = np.where(tgt >= 0, (tgt + 1) % s5_group.VOCAB_SIZE, tgt)
   keys = ("seq_acc", "token_acc", "state_acc", "value_acc")
   for pred, want in ((tgt, 1.0), (wrong, 0.0)):
     m = S5Metrics()

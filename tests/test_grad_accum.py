@@ -96,5 +96,5 @@ def test_resume_with_another_grad_accum_steps_goes_on(tmp_path):
                   grad_accum_steps=2)
   last = train(c, str(tmp_path), progress=False)
   assert np.isfinite(last["loss"])
-  from t2mlr_jax import checkpoint
-  assert checkpoint.Checkpointer(str(tmp_path)).latest_step() == 4
+  from t2mlr_jax.train.checkpointer import Checkpointer
+  assert Checkpointer(str(tmp_path)).latest_step() == 4

@@ -65,10 +65,10 @@ def test_results_accumulate_per_seed_and_the_table_gives_mean_and_range(tmp_path
     path = pl.results_path(seed, str(tmp_path))
     for name, arm in (("transformer", _arm(1000, 2e13, tf)), ("t2mlr", _arm(990, 8e13, t2)),
                       ("transformer_flops", _arm(1000, 1e14, 2.0, 3000, curve))):
-      result = pl.load_results(path)                # each arm added to what is there
+      result = pl.read_json(path, default=pl.EMPTY)                # each arm added to what is there
       result["seed"] = seed
       result["arms"][name] = arm
-      pl.save_results(path, result)
+      pl.write_json(path, result, indent=2, stamp=False)
   assert sorted(json.load(open(pl.results_path(1, str(tmp_path))))["arms"]) == \
       ["t2mlr", "transformer", "transformer_flops"]
   rows = {line.split(" | ")[0][2:]: line.split(" | ")
@@ -110,7 +110,7 @@ def test_the_equal_flops_column_reads_the_transformer_of_the_same_optimizer(tmp_
                                 "transformer_flops": _arm(1000, 1e14, 2.0, 3000, curve),
                                 "t2mlr": _arm(990, 4e13, 2.2),
                                 "lrt": {**_arm(990, 4e13, 2.1), "optimizer": "muon"}}}
-  pl.save_results(path, result)
+  pl.write_json(path, result, indent=2, stamp=False)
   rows = {line.split(" | ")[0][2:]: line.split(" | ")
           for line in pl.table(str(tmp_path)).splitlines()[2:]}
   assert rows["t2mlr"][7] != "— |" and rows["lrt"][7] == "— |"
@@ -123,9 +123,9 @@ def test_the_jacobi_table_gives_each_t2mlr_setting_its_sweeps_and_cost(tmp_path)
       **_arm(990, flops, bpb), "variant": "t2mlr", "recurrence": rec(d_f, d_b, tol),
       "jacobi_sweeps_mean": sweeps, "final": {"exact": bpb, "parallel": 2.4, "jacobi": bpb}}
   for seed, bpb in enumerate((2.27, 2.29)):
-    pl.save_results(pl.results_path(seed, str(tmp_path)), {"seed": seed, "arms": {
+    pl.write_json(pl.results_path(seed, str(tmp_path)), {"seed": seed, "arms": {
         "transformer": _arm(1000, 2e13, 2.26), "t2mlr": arm(4, 1, 4e13, bpb, 4.0),
-        "t2mlr_tol": arm(16, 4, 7e13, 2.28, 9.5, 1e-2)}})
+        "t2mlr_tol": arm(16, 4, 7e13, 2.28, 9.5, 1e-2)}}, stamp=False)
   rows = {line.split(" | ")[0][2:]: line.split(" | ")
           for line in pl.jacobi_table(str(tmp_path)).splitlines()[2:]}
   assert rows["t2mlr"][1:9] == ["adamw", "4 / 1", "—", "4.00", "40.0", "2.00×", "2",

@@ -54,7 +54,7 @@ def test_quick_start_then_loading_a_checkpoint(tmp_path):
   # the same count from the library's own S5 metric on the same examples
   check = snippet.replace('print(f"{right.sum()}/20 sequences right")', "") + (
       "\nfrom t2mlr_jax.eval.s5 import S5Metrics\nm = S5Metrics()\n"
-      "batch['control_flow'] = s5.control_flow(batch['input_ids'])\n"
+      "batch['control_flow'] = s5_examples.control_flow(batch['input_ids'])\n"
       "m.update(np.asarray(logits).argmax(-1), batch)\nprint(round(m.result()['seq_acc'] * 20))")
   ref = _python(check, tmp_path)
   assert ref.returncode == 0, ref.stderr[-3000:]

@@ -54,13 +54,14 @@ def test_value_variants_fit_their_sequences_and_jacobi_covers_the_span(variant):
   """The default job with v-character values: the longest training example fits seq_len
   (never truncated), the longest evaluated one max_seq_len, and D_f the recurrent span
   (the steps: N(1 + v) + 1 tokens), as the default's 17 at v = 1."""
-  from t2mlr_jax.data import s5
+  from t2mlr_jax.data import s5_examples
   c = s5_retrieval.get_config(variant)
   d = c.data
-  longest = s5.sequence_length(d.max_actions, value_len=d.value_len, group=d.group)
+  longest = s5_examples.sequence_length(d.max_actions, value_len=d.value_len, group=d.group)
   assert longest <= c.train.seq_len < longest + 8
-  assert s5.sequence_length(max(map(int, d.eval_lengths.split(","))), value_len=d.value_len,
-                            group=d.group) <= c.model.max_seq_len
+  longest_eval = max(map(int, d.eval_lengths.split(",")))
+  assert s5_examples.sequence_length(longest_eval, value_len=d.value_len,
+                                     group=d.group) <= c.model.max_seq_len
   assert c.model.recurrence.d_forward == d.max_actions * (1 + d.value_len) + 1
   assert c.data.value_len == s5_retrieval.VALUE_VARIANTS.get(variant, 1)
 
@@ -86,7 +87,7 @@ def test_group_variants_hold_their_dictionaries(variant):
   """The S4 variants: every training example (Z2 stage and S4 alike) fits seq_len, every
   S4 example and every evaluated one holds the variant's dictionary, and D_f still covers
   the action span (the dictionary is not recurrent)."""
-  from t2mlr_jax.data import s5
+  from t2mlr_jax.data import s5_examples
   from t2mlr_jax.train import tasks
   c = s5_retrieval.get_config(variant)
   group, n_dict = s5_retrieval.GROUP_VARIANTS[variant]
@@ -99,7 +100,7 @@ def test_group_variants_hold_their_dictionaries(variant):
     ex, groups = source[i], groups | {source.group_at(i)}
     assert len(ex["input_ids"]) <= c.train.seq_len
     if source.group_at(i) == group:          # (n_dict + N) pairs of 2 tokens, then `|`
-      assert len(ex["input_ids"]) == (n_dict + s5.state_positions(ex).sum()) * 2 + 1
+      assert len(ex["input_ids"]) == (n_dict + s5_examples.state_positions(ex).sum()) * 2 + 1
   assert groups == {"Z2", group}
   for batch in task.eval_batches(c):
     assert batch["input_ids"].shape[1] <= c.model.max_seq_len

@@ -110,7 +110,7 @@ def test_evaluation_split_like_training_equals_the_unsharded_one():
   """Eval batches placed over the 2x2x2 mesh's batch axes (6 rows: padded to 8 with
   unsupervised rows) give the same predictions, loss and metrics as one device; the
   compiled eval's inputs are split over ('data', 'fsdp')."""
-  from t2mlr_jax.data import s5
+  from t2mlr_jax.data import s5, s5_examples
   from t2mlr_jax.eval.runner import evaluate
   from t2mlr_jax.eval.s5 import S5Metrics
   from t2mlr_jax.train.step import create_state
@@ -119,8 +119,9 @@ def test_evaluation_split_like_training_equals_the_unsharded_one():
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   tx, _ = make_optimizer(base_config().optimizer, 10)
   params = create_state(cfg, tx, jax.random.PRNGKey(0), mesh).params
-  batch = s5.pad_batch([s5.generate_example(seed=i, num_actions=3, group="S3", value_len=1)
-                        for i in range(6)], seq_len=20)
+  batch = s5.pad_batch([s5_examples.generate_example(seed=i, num_actions=3, group="S3",
+                                                    value_len=1) for i in range(6)],
+                       seq_len=20)
   placed, rows = sharding.shard_eval_batch(batch, mesh, {"target_ids": -100})
   assert rows == 6 and placed["input_ids"].shape == (8, 20)
   assert placed["input_ids"].sharding.spec == P(("data", "fsdp"), None)

@@ -10,6 +10,7 @@ import pytest
 
 from t2mlr_jax import checkpoint
 from t2mlr_jax.train import config as config_lib, loop
+from t2mlr_jax.train.checkpointer import Checkpointer
 from t2mlr_jax.train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,7 +64,7 @@ def test_interleaved_training_lowers_the_loss_and_logs_its_metrics(reference):
 def test_interleaved_training_resumes_bit_identically(reference, tmp_path):
   wd = str(tmp_path)
   loop.train(lrt_config(stop_after_steps=STEPS // 2), wd, progress=False)
-  assert checkpoint.Checkpointer(wd).all_steps() == [STEPS // 2]
+  assert Checkpointer(wd).all_steps() == [STEPS // 2]
   loop.train(lrt_config(), wd, progress=False)
   assert [r["loss"] for r in read_metrics(wd)] == [r["loss"] for r in read_metrics(reference)]
   for a, b in zip(jax.tree.leaves(checkpoint.load(wd)[1]),

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from t2mlr_jax import checkpoint, flops, forward, generate, init_params, loss, registry
+from t2mlr_jax.train.checkpointer import Checkpointer
 from t2mlr_jax.train.config import model_config
 from t2mlr_jax.train.optimizer import decay_mask, param_groups
 
@@ -83,7 +84,7 @@ def test_resume_is_bit_identical_and_the_run_records_its_modules(runs):
   assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
   assert [r["loss"] for r in straight] == [r["loss"] for r in resumed]
   assert straight[-1]["alpha"] != 0.0               # the gate trained
-  ckpt = checkpoint.Checkpointer(runs["resumed"], read_only=True)
+  ckpt = Checkpointer(runs["resumed"], read_only=True)
   meta = ckpt.read_json(ckpt.latest_step(), "meta")
   assert meta["user_modules"] == [os.path.join(EXAMPLES, "echo.py"),
                                   os.path.join(EXAMPLES, "full_jacobi.py")]

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from t2mlr_jax.data import s5
+from t2mlr_jax.data import s5_examples
 from t2mlr_jax.eval.sequence import SequenceMetrics
 
 
@@ -23,7 +23,7 @@ class S5Metrics(SequenceMetrics):
     self.by_slot = defaultdict(float)            # (k, "right" | "total") -> count
 
   def update_rows(self, right, supervised, rows, batch) -> None:
-    masks = s5.position_masks(batch)
+    masks = s5_examples.position_masks(batch)
     n_actions = masks["state"].sum(-1)
     for b in rows:
       self.by_length_total[int(n_actions[b])] += 1
@@ -36,7 +36,7 @@ class S5Metrics(SequenceMetrics):
         n = int(n_actions[b])
         self.by_length_tokens[name, n, "right"] += float((right[b] & m[b]).sum())
         self.by_length_tokens[name, n, "total"] += float(m[b].sum())
-    slots = s5.value_slots(batch)[rows]
+    slots = s5_examples.value_slots(batch)[rows]
     for k in np.unique(slots[slots > 0]):
       m = (slots == k) & supervised[rows]
       self.by_slot[int(k), "right"] += float((right[rows] & m).sum())

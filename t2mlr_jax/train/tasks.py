@@ -10,7 +10,15 @@ import functools
 from typing import Callable, NamedTuple, Optional
 
 from t2mlr_jax.config import invalid
-from t2mlr_jax.data import pipeline, s5, sft, variable_assignment
+from t2mlr_jax.data import (
+  pipeline,
+  s5,
+  s5_curricula,
+  s5_examples,
+  s5_group,
+  sft,
+  variable_assignment,
+)
 from t2mlr_jax.data.lm import BlockSource, read_manifest, spread, token_bytes
 from t2mlr_jax.data.tokenizer import load_tokenizer
 from t2mlr_jax.eval.bpb import evaluate_bpb
@@ -53,8 +61,8 @@ def eval_lengths(d) -> list[int]:
 
 
 def _s5_kwargs(d, word_problem):
-  if d.group not in s5.GROUPS:
-    _fail("data.group", d.group, f"one of {s5.GROUPS}")
+  if d.group not in s5_group.GROUPS:
+    _fail("data.group", d.group, f"one of {s5_group.GROUPS}")
   if word_problem:
     return dict(group=d.group)
   return dict(group=d.group, value_len=d.value_len, dict_size=d.dict_size,
@@ -64,25 +72,27 @@ def _s5_kwargs(d, word_problem):
 def _s5_length(d, n, word_problem):
   if word_problem:
     return n
-  return s5.sequence_length(n, value_len=d.value_len, dict_size=d.dict_size, group=d.group)
+  return s5_examples.sequence_length(n, value_len=d.value_len, dict_size=d.dict_size,
+                                     group=d.group)
 
 
 def _s5_train_source(config, num_examples, word_problem):
   d, t = config.data, config.train
   curriculum = None
   if d.curriculum_start is not None:
-    curriculum = functools.partial(s5.length_curriculum, start=d.curriculum_start,
+    curriculum = functools.partial(s5_curricula.length_curriculum, start=d.curriculum_start,
                                    end=d.max_actions, warmup_steps=d.curriculum_steps,
                                    hold_steps=d.curriculum_hold_steps)
   group_schedule = None
   if d.group_curriculum:
     group_schedule = functools.partial(
-        s5.group_curriculum, stages=s5.parse_group_curriculum(d.group_curriculum, d.group),
-        group=d.group)
+        s5_curricula.group_curriculum,
+        stages=s5_curricula.parse_group_curriculum(d.group_curriculum, d.group), group=d.group)
   value_schedule = None
   if d.value_curriculum:
     value_schedule = functools.partial(
-        s5.value_curriculum, stages=s5.parse_value_curriculum(d.value_curriculum, d.value_len),
+        s5_curricula.value_curriculum,
+        stages=s5_curricula.parse_value_curriculum(d.value_curriculum, d.value_len),
         value_len=d.value_len)
   return s5.S5Source(num_examples, min_actions=d.min_actions, max_actions=d.max_actions,
                      base_seed=t.seed, curriculum=curriculum, examples_per_step=t.batch_size,
@@ -97,8 +107,8 @@ def _s5_eval_batches(config, word_problem):
   for n in eval_lengths(d):
     for i in range(d.eval_examples_per_length):
       seed = (config.train.seed + EVAL_SEED_OFFSET, n, i)
-      examples.append(s5.generate_word_problem(seed, n, **kwargs) if word_problem
-                      else s5.generate_example(seed, n, **kwargs))
+      examples.append(s5_examples.generate_word_problem(seed, n, **kwargs) if word_problem
+                      else s5_examples.generate_example(seed, n, **kwargs))
   seq_len = max(len(ex["input_ids"]) for ex in examples)
   if seq_len > config.model.max_seq_len:
     _fail("data.eval_max_actions", max(eval_lengths(d)),
@@ -284,8 +294,8 @@ def validate_data(config, task: Task) -> None:
   """Data checks that need the task: every training example fits train.seq_len."""
   d = config.data
   if task.name.startswith("s5"):
-    if d.group not in s5.GROUPS:
-      _fail("data.group", d.group, f"one of {s5.GROUPS}")
+    if d.group not in s5_group.GROUPS:
+      _fail("data.group", d.group, f"one of {s5_group.GROUPS}")
     if not 1 <= d.min_actions <= d.max_actions:
       _fail("data.max_actions", d.max_actions, f">= data.min_actions={d.min_actions} >= 1")
     eval_lengths(d)
@@ -297,7 +307,7 @@ def validate_data(config, task: Task) -> None:
           _fail(f"data.{field}", d[field], "an int >= 0")
     if d.group_curriculum:
       try:
-        s5.parse_group_curriculum(d.group_curriculum, d.group)
+        s5_curricula.parse_group_curriculum(d.group_curriculum, d.group)
       except ValueError as e:
         _fail("data.group_curriculum", d.group_curriculum, f"stages 'GROUP:STEP,...' ({e})")
     if d.value_curriculum:
@@ -305,7 +315,7 @@ def validate_data(config, task: Task) -> None:
         _fail("data.value_curriculum", d.value_curriculum,
               f"'' for data.task={d.task} (its examples have no values)")
       try:
-        s5.parse_value_curriculum(d.value_curriculum, d.value_len)
+        s5_curricula.parse_value_curriculum(d.value_curriculum, d.value_len)
       except ValueError as e:
         _fail("data.value_curriculum", d.value_curriculum, f"stages 'V:STEP,...' ({e})")
   longest = task.max_train_len(config)
