@@ -13,7 +13,6 @@ and SFT models are trained) unless --prompt_control_flow=2. Interactive commands
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import time
 from typing import Callable, Optional
@@ -22,46 +21,11 @@ import jax
 import numpy as np
 from absl import flags
 
-from t2mlr_jax import checkpoint, cli, stream
-from t2mlr_jax.convert import hf
-from t2mlr_jax.convert.gguf import from_gguf
-from t2mlr_jax.data.tokenizer import load_tokenizer
+from t2mlr_jax import cli, loading, stream
 from t2mlr_jax.train.metrics import quiet_absl_logs
 
 PROMPT_BUCKET = 64       # prompts are left-padded to a multiple (fewer prefill compiles)
 CACHE_BUCKET = 256       # KV cache sizes are multiples (fewer decode-step compiles)
-
-
-MODEL_KINDS = ("allowed a GGUF file (*.gguf), a Hugging Face directory (config.json and "
-               "*.safetensors), a parameter export (python -m t2mlr_jax.convert) or a "
-               "training workdir (with checkpoints/)")
-
-
-def load_chat_model(path: str, tokenizer: Optional[str] = None, dtype: str = "float32"):
-  """(cfg, params, tokenizer) from a GGUF file, an HF directory, an export or a workdir."""
-  if path.endswith(".gguf"):
-    cfg, params, tok = from_gguf(path, dtype=dtype)
-    return cfg, params, load_tokenizer(tokenizer) if tokenizer else tok
-  if not os.path.exists(path):
-    raise ValueError(f"--model={path!r} does not exist: {MODEL_KINDS}")
-  if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
-      os.path.join(path, "checkpoints")):
-    cfg, params = hf.from_hf(path)
-    return cfg, params, load_tokenizer(tokenizer or path)
-  if not (checkpoint.is_export(path) or os.path.isdir(os.path.join(path, "checkpoints"))):
-    what = "a file" if os.path.isfile(path) else "a directory with no checkpoints/"
-    raise ValueError(f"--model={path!r} is {what}, not a model: {MODEL_KINDS}")
-  cfg, params = checkpoint.load(path)
-  if tokenizer is None:
-    if os.path.isfile(os.path.join(path, "tokenizer.json")):
-      tokenizer = path
-    else:
-      config = checkpoint.load_config(path)
-      tokenizer = config.data.get("tokenizer") or config.model.get("init_from")
-  if not tokenizer:
-    raise ValueError(f"no tokenizer found for {path!r}: pass --tokenizer=DIR (a directory "
-                     "with tokenizer.json)")
-  return cfg, params, load_tokenizer(tokenizer)
 
 
 def _round_up(n: int, k: int) -> int:
@@ -91,7 +55,7 @@ class ChatSession:
 
   def _prompt_ids(self, messages) -> list[int]:
     system = [{"role": "system", "content": self.system}] if self.system else []
-    if not self.tok.chat_template:         # a base model: the plain text of the turns
+    if not getattr(self.tok, "chat_template", None):   # a base model: the turns' text
       return self.tok.encode("\n".join(m["content"] for m in messages) + "\n")
     return self.tok.encode(self.tok.apply_chat_template(system + messages))
 
@@ -188,7 +152,9 @@ def main(argv=None):
   def run(argv):
     del argv
     quiet_absl_logs()
-    cfg, params, tok = load_chat_model(model.value, tokenizer.value)
+    cfg, params, found = loading.load_model_and_tokenizer(model.value, tokenizer=tokenizer.value,
+                                                          field="--model")
+    tok = found.tokenizer
     cfg = cfg.replace(max_seq_len=min(cfg.max_seq_len, max_seq_len.value))
     session = ChatSession(cfg, params, tok, system=system.value,
                           max_new_tokens=max_new.value, temperature=temperature.value,

@@ -28,11 +28,9 @@ import sys
 
 from absl import app, flags
 
-from t2mlr_jax import checkpoint, cli, paths
-from t2mlr_jax.convert import hf
+from t2mlr_jax import checkpoint, cli, loading, paths
 from t2mlr_jax.data import lm, multiple_choice as mc, sft
 from t2mlr_jax.data.pipeline import stack_batches
-from t2mlr_jax.data.tokenizer import load_tokenizer
 from t2mlr_jax.eval import downstream
 from t2mlr_jax.eval.bpb import evaluate_bpb
 from t2mlr_jax.model.modes import mode_names
@@ -85,14 +83,6 @@ def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
   return {"step": step, "task": config.data.task, "mode": mode, **results}
 
 
-def load_model(path: str):
-  """(cfg, params) from a Hugging Face directory or a training workdir."""
-  if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isdir(
-      os.path.join(path, "checkpoints")):
-    return hf.from_hf(path)
-  return checkpoint.load(path)
-
-
 def _trained_tokenizer_hash(model: str):
   """The tokenizer hash of the prepared dataset a training workdir learned from (None
   when the model is not such a workdir or the dataset is not readable here)."""
@@ -121,7 +111,7 @@ def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
                       blocks=None, modes=None, batch_size: int = 8) -> dict:
   """Bits per byte of a model on a prepared dataset's split, in each view."""
   manifest = lm.read_manifest(data)
-  cfg, params = load_model(model)
+  cfg, params = loading.load_model(model, field="--model")
   block, vocab = manifest["block_size"], manifest["tokenizer"]["vocab_size"]
   if block > cfg.max_seq_len:
     raise ValueError(f"--data block size {block} is larger than the model's max_seq_len="
@@ -143,11 +133,12 @@ def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
 def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, chat=False,
                         max_new_tokens=512, batch_size=8, prompt_control_flow=1,
                         add_bos=False, labels=None):
-  """Score a model (export, HF directory or workdir) on a downstream task: generation
+  """Score a model (any source `loading` opens) on a downstream task: generation
   tasks (GSM8K-style `###` answers) by greedy decoding, multiple-choice tasks by the
   summed log-likelihood of each choice. Returns the task's metrics dict."""
-  tokenizer = load_tokenizer(tokenizer_dir or model)
-  cfg, params = load_model(model)
+  cfg, params, found = loading.load_model_and_tokenizer(model, tokenizer=tokenizer_dir,
+                                                        field="--model")
+  tokenizer = found.tokenizer
   if task in downstream.GENERATION_TASKS:
     records = sft.read_records(data)[:limit]   # JSONL or tfds:NAME:SPLIT
     return downstream.evaluate_generation(

@@ -8,7 +8,9 @@ directory or a parameter export (the tokenizer files beside the weights), a trai
 workdir (an lm run's prepared-data copy of its tokenizer, else `data.tokenizer` or
 `model.init_from` of its saved config). `tokenizer=` overrides the search; a model
 without a tokenizer is an error naming every place that was looked at. What the
-lm-evaluation-harness adapter (`t2mlr_jax.lm_eval`) and `convert --to-hf` share.
+One loader for every command: `chat`, `evaluate`, the lm-evaluation-harness adapter
+(`t2mlr_jax.lm_eval`) and `convert --to-hf` open models here. `field` names the argument
+that gave the path in error messages (`--model` on the command line).
 """
 
 from __future__ import annotations
@@ -35,14 +37,14 @@ class FoundTokenizer(NamedTuple):
   documents_start_with_bos: bool   # an lm workdir: packing put BOS before every document
 
 
-def _kind(path: str) -> str:
+def _kind(path: str, field: str = "path") -> str:
   """'gguf', 'hf', 'export' or 'workdir' (ValueError naming the allowed kinds)."""
   if path.endswith(".gguf"):
     if not os.path.isfile(path):
-      raise ValueError(f"path={path!r} does not exist: {MODEL_KINDS}")
+      raise ValueError(f"{field}={path!r} does not exist: {MODEL_KINDS}")
     return "gguf"
   if not os.path.exists(path):
-    raise ValueError(f"path={path!r} does not exist: {MODEL_KINDS}")
+    raise ValueError(f"{field}={path!r} does not exist: {MODEL_KINDS}")
   if checkpoint.is_export(path):
     return "export"
   if os.path.isdir(os.path.join(path, "checkpoints")):
@@ -50,17 +52,18 @@ def _kind(path: str) -> str:
   if os.path.isfile(os.path.join(path, "config.json")):
     return "hf"
   what = "a file" if os.path.isfile(path) else "a directory with no checkpoints/"
-  raise ValueError(f"path={path!r} is {what}, not a model: {MODEL_KINDS}")
+  raise ValueError(f"{field}={path!r} is {what}, not a model: {MODEL_KINDS}")
 
 
 def _has_tokenizer_json(directory) -> bool:
   return bool(directory) and os.path.isfile(os.path.join(str(directory), "tokenizer.json"))
 
 
-def find_tokenizer(path: str, step: Optional[int] = None) -> FoundTokenizer:
+def find_tokenizer(path: str, step: Optional[int] = None, *,
+                   field: str = "path") -> FoundTokenizer:
   """The tokenizer a model at `path` came with (see the module docstring for the order).
   ValueError listing the places looked at when there is none."""
-  kind = _kind(path)
+  kind = _kind(path, field)
   if kind == "gguf":
     return FoundTokenizer(tokenizer_from_gguf(read_metadata(_open(path)), path), path, False)
   looked = [os.path.join(path, "tokenizer.json")]
@@ -88,18 +91,20 @@ def find_tokenizer(path: str, step: Optional[int] = None) -> FoundTokenizer:
         looked.append(f"{os.path.join(where, 'tokenizer.json')} ({field})")
         if _has_tokenizer_json(where):
           return FoundTokenizer(load_tokenizer(where), where, False)
+  flag = "--tokenizer" if field.startswith("--") else "tokenizer"
   raise ValueError(f"no tokenizer found for {path!r}: looked at {', '.join(looked)}; pass "
-                   "tokenizer=DIR (a directory with tokenizer.json)")
+                   f"{flag}=DIR (a directory with tokenizer.json)")
 
 
-def load_model(path: str, step: Optional[int] = None):
-  """(cfg, params) of any source (GGUF parameters dequantized to fp32)."""
-  kind = _kind(path)
+def load_model(path: str, step: Optional[int] = None, *, dtype: str = "float32",
+               field: str = "path"):
+  """(cfg, params) of any source (GGUF parameters dequantized to `dtype`)."""
+  kind = _kind(path, field)
   if step is not None and kind != "workdir":
     raise ValueError(f"step={step} is invalid for {path!r} ({kind}): allowed only with a "
                      "training workdir (its saved steps)")
   if kind == "gguf":
-    cfg, params, _ = from_gguf(path)
+    cfg, params, _ = from_gguf(path, dtype=dtype)
     return cfg, params
   if kind == "hf":
     return hf.from_hf(path)
@@ -107,21 +112,24 @@ def load_model(path: str, step: Optional[int] = None):
 
 
 def load_model_and_tokenizer(path: str, step: Optional[int] = None,
-                             tokenizer: Optional[str] = None):
+                             tokenizer: Optional[str] = None, *, dtype: str = "float32",
+                             field: str = "path"):
   """(cfg, params, FoundTokenizer) of any source; `tokenizer` (a directory with
-  tokenizer.json) overrides the model's own."""
+  tokenizer.json) overrides the model's own. The tokenizer is found (or refused) before
+  the weights are read."""
   override = None
   if tokenizer is not None:
     if not _has_tokenizer_json(tokenizer):
-      raise ValueError(f"tokenizer={tokenizer!r} is invalid: allowed a directory with "
+      flag = "--tokenizer" if field.startswith("--") else "tokenizer"
+      raise ValueError(f"{flag}={tokenizer!r} is invalid: allowed a directory with "
                        "tokenizer.json")
     override = FoundTokenizer(load_tokenizer(tokenizer), tokenizer, False)
-  if _kind(path) == "gguf":
+  if _kind(path, field) == "gguf":
     if step is not None:
       raise ValueError(f"step={step} is invalid for the GGUF file {path!r}: allowed only "
                        "with a training workdir")
-    cfg, params, tok = from_gguf(path)
+    cfg, params, tok = from_gguf(path, dtype=dtype)
     return cfg, params, override or FoundTokenizer(tok, path, False)
-  found = override or find_tokenizer(path, step)
-  cfg, params = load_model(path, step)
+  found = override or find_tokenizer(path, step, field=field)
+  cfg, params = load_model(path, step, dtype=dtype, field=field)
   return cfg, params, found

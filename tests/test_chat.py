@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from t2mlr_jax import generate, stream
-from t2mlr_jax.chat import ChatSession, load_chat_model
+from t2mlr_jax.chat import ChatSession
+from t2mlr_jax.loading import load_model_and_tokenizer
 
 from _gguf_fixtures import write_tiny_gguf
 from _util import active_params, random_tokens, tiny_cfg
@@ -45,7 +46,8 @@ def tiny_gguf(tmp_path_factory):
 
 
 def test_chat_session_streams_the_greedy_answer_and_keeps_history(tiny_gguf):
-  cfg, params, tok = load_chat_model(tiny_gguf)
+  cfg, params, found = load_model_and_tokenizer(tiny_gguf)
+  tok = found.tokenizer
   session = ChatSession(cfg, params, tok, max_new_tokens=12)
   pieces = []
   info = session.reply("To be, or not to be", pieces.append)
