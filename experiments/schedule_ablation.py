@@ -71,12 +71,14 @@ LM_TOKENS = 2_457_600        # experiments/pretrain_lm.py's budget
 # default job, with the recorded run's overrides (pretrain_lm's t2mlr_16_4 pins the paper's
 # 16/4 over the variant's 4/1), already trained and recorded by another experiment: adopted
 # from its JSON (after checking the configs are equal), not trained again.
+# The LRT rows were trained before LRT's gate left AdamW's weight decay (18519ee), as were
+# the ablation's other LRT runs: they adopt the default jobs' records of that time.
 #   task -> {run: (results file, key path to the run)}
 ADOPTED = {
     "retrieval": {"t2mlr_jacobi": ("s5_default_job.json", ("runs", "t2mlr")),
-                  "lrt_interleaved": ("s5_default_job.json", ("runs", "lrt"))},
+                  "lrt_interleaved": ("s5_default_job.json", ("runs", "lrt_decayed_gate"))},
     "lm": {"t2mlr_jacobi": ("pretrain_lm.json", ("arms", "t2mlr_16_4")),
-           "lrt_interleaved": ("pretrain_lm.json", ("arms", "lrt_layerwise"))},
+           "lrt_interleaved": ("pretrain_lm.json", ("arms", "lrt_layerwise_decayed_gate"))},
 }
 
 
