@@ -5,7 +5,6 @@ only with --verbose. Training that diverges exits 3 (train.loop.NonFiniteLossErr
 from __future__ import annotations
 
 import errno
-import glob
 import importlib.util
 import os
 import re
@@ -15,7 +14,7 @@ from typing import Callable, Optional, Sequence
 import jax
 from absl import app, flags
 
-from t2mlr_jax import registry
+from t2mlr_jax import registry, topologies
 
 USAGE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, LookupError, OSError)
 
@@ -93,9 +92,6 @@ def import_user_modules(args: Sequence[str]) -> list[str]:
   return paths
 
 
-TPU_DEVICE_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*")   # a TPU VM's chips
-
-
 def skip_absent_tpu() -> Optional[str]:
   """With libtpu installed (jax[tpu], for compiling) on a host without TPU chips, JAX
   would try the TPU backend first and print libtpu's initialisation errors before
@@ -107,7 +103,7 @@ def skip_absent_tpu() -> Optional[str]:
     return None
   if importlib.util.find_spec("libtpu") is None:
     return None
-  if any(glob.glob(pattern) for pattern in TPU_DEVICE_FILES):
+  if topologies.host_has_tpu_chips():
     return None
   cuda = any(importlib.util.find_spec(m) is not None
              for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))

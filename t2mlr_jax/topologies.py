@@ -7,14 +7,17 @@ megacore (one device a chip, its two cores fused), v2 / v3 as one device a core,
 runtime presents them. Each generation's HBM and dense bf16 peak are listed per device
 (`memory_stats()` is not available on compile-only devices).
 
-`devices(name)` needs libtpu (`pip install "jax[tpu]==<the installed jax>"`); with
-JAX_PLATFORMS=cpu its missing-hardware warnings are harmless.
+`devices(name)` needs libtpu (`pip install "jax[tpu]==<the installed jax>"`); on a host
+without chips libtpu is given a one-host environment, so it prints no missing-hardware
+errors.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
+import os
 import re
 from typing import Optional
 
@@ -132,8 +135,28 @@ def resolve(name: str) -> Topology:
   raise _unknown(name)
 
 
+TPU_DEVICE_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*")   # a TPU VM's chips
+
+
+def host_has_tpu_chips() -> bool:
+  """Whether this host is a TPU VM (its chips appear as device files)."""
+  return any(glob.glob(pattern) for pattern in TPU_DEVICE_FILES)
+
+
+def _answer_libtpus_host_questions() -> None:
+  """libtpu, loaded on a host without chips, reads the TPU VM's accelerator type and
+  worker hostnames from the environment and prints initialisation errors when they are
+  unset. Give it a one-host answer there (setdefault: a user's values stand); what is
+  compiled for is the topology asked for, not these."""
+  if host_has_tpu_chips():
+    return
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+
+
 def devices(topology: Topology, num_slices: int = 1) -> list:
   """The compile-only devices of `num_slices` such slices (needs libtpu)."""
+  _answer_libtpus_host_questions()
   kwargs = {} if topology.chip_config is None else {"chip_config_name": topology.chip_config}
   if num_slices > 1:
     kwargs["num_slices"] = num_slices
