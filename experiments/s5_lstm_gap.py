@@ -142,8 +142,9 @@ def table() -> str:
       wall = f"stopped: eval at step {r['stopped_at_eval']} of {r['steps']}"
     slots = r.get("value_acc_by_slot", {})     # --slots adds it to earlier records
     by_slot = " / ".join(f"{slots[k]:.2f}" for k in sorted(slots, key=int)) or "—"
+    arm = r["arm"] + (" (γ decayed)" if r.get("decayed_gate") else "")   # before 18519ee
     lines.append(f"| {r['variant'] or 'v1'} | {group} | {dictionary} | {r['value_len']} | "
-                 f"{r['arm']} | {r['params']:,} | {r['seed']} | {accs} | "
+                 f"{arm} | {r['params']:,} | {r['seed']} | {accs} | "
                  f"{r['state_acc']:.2f} | {r['value_acc']:.2f} | {by_slot} | {wall} |")
   return "\n".join(lines)
 
