@@ -232,6 +232,7 @@ class GpuTopology:
 
   @property
   def num_devices(self) -> int:
+    """Devices JAX sees: one a card."""
     return self.nodes * self.gpus_per_node
 
   @property
@@ -241,15 +242,18 @@ class GpuTopology:
 
   @property
   def peak_flops(self) -> float:
+    """Dense peak FLOP/s of one card (bf16; fp16 on the T4)."""
     return self.card.peak_flops
 
   @property
   def peak_text(self) -> str:
+    """What `peak_flops` is, as the report says it."""
     return (f"the card's {self.card.peak_dtype} peak"
             + ("" if self.card.peak_dtype == "bfloat16" else " (no bf16 tensor cores)"))
 
   @property
   def memory_text(self) -> str:
+    """What `hbm_bytes` is, as the report's header says it."""
     return (f"{self.hbm_bytes / GiB:.2f} GiB each for the program: {self.mem_fraction:g} of "
             f"{self.card.memory_bytes / GiB:.2f} GiB ({MEM_FRACTION_ENV}) less "
             f"{GPU_MARGIN_BYTES / GiB:g} GiB for workspaces")
