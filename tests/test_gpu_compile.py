@@ -230,3 +230,24 @@ def test_compile_tool_exit_codes_for_gpus(tmp_path):
                 "--config.model.attention=cudnn")
   assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr[-2000:]
   assert "model.attention='cudnn' is invalid: allowed 'xla' or 'auto' on Tesla T4" in p.stderr
+
+
+@pytest.mark.gpu_compile
+@needs_cuda_plugin
+def test_bench_accel_compiles_its_own_functions_for_one_h200(tmp_path):
+  """The device benchmark compiled before a lent H200 runs it: its baseline and Jacobi
+  16/4 train steps at 135M in bf16, its fused-attention check (cuDNN), generate's decode
+  loop and time-to-first-token call, each within what a process gets on the card."""
+  out = tmp_path / "bench.json"
+  p = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "bench_accel.py"),
+                      "--compile_only=h200-1", "--shapes=smollm2-135m", f"--out={out}"],
+                     cwd=ROOT, capture_output=True, text=True, timeout=600,
+                     env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert p.returncode == 0, p.stderr[-2000:]
+  report = json.loads(out.read_text())
+  rows = report["shapes"]["smollm2-135m"]
+  assert report["device"] == "NVIDIA H200" and report["fits"]
+  assert set(rows) == {"baseline_train", "t2mlr_train", "attention_cudnn", "decode_b64",
+                       "ttft_1024"}
+  assert rows["attention_cudnn"]["fused_attention"] > 0
+  assert all(r["total_bytes"] > 0 and r["gemm"] > 0 for r in rows.values())
