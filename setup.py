@@ -7,6 +7,8 @@ setup(
     version="0.1.0",
     description="Transformers with temporal middle-layer recurrence (T2MLR) in JAX/Flax",
     packages=find_packages(include=["t2mlr_jax", "t2mlr_jax.*"]),
+    # the GPU cards' compiler targets (topologies.CARDS)
+    package_data={"t2mlr_jax": ["gpu_targets/*.txtpb"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.7,<0.12",

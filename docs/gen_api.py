@@ -66,9 +66,10 @@ MODULES = (
     ("t2mlr_jax.data.sft", None, "supervised fine-tuning data"),
     ("t2mlr_jax.data.gutenberg", None, "the Shakespeare/Milton text corpus"),
     ("t2mlr_jax.sharding", None, "device mesh and partition specs"),
-    ("t2mlr_jax.aot", None, "compiling a config's steps for a TPU topology "
+    ("t2mlr_jax.aot", None, "compiling a config's steps for a TPU slice or a GPU node "
      "(`python -m t2mlr_jax.compile`)"),
-    ("t2mlr_jax.topologies", None, "TPU slices by name, for compiling without the chips"),
+    ("t2mlr_jax.topologies", None, "TPU slices and GPU nodes by name, for compiling "
+     "without the hardware"),
     ("t2mlr_jax.train.step", None, "the train state and the jitted train step"),
     ("t2mlr_jax.distributed", None, "multi-process runs"),
 )

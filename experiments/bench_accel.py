@@ -6,6 +6,14 @@ its nanochat-d12 backbone.
 
     python experiments/bench_accel.py                       # writes results/bench_accel.json
     python experiments/bench_accel.py --shapes smollm2-135m --steps 5   # quicker
+    python experiments/bench_accel.py --compile_only=h200-1 # no GPU: compile it for one
+
+`--compile_only=NAME` (a GPU node or TPU slice of `python -m t2mlr_jax.compile`) compiles
+the script's own functions for those devices on any host, running nothing: the baseline
+and T2MLR Jacobi 16/4 train steps, generate's decode loop and its time-to-first-token
+call, each shape in bf16, with each program's memory against the device's and its fused
+attention calls (exit 1 when one does not fit). A lent accelerator then runs a script
+already known to build (GPUs: JAX's CUDA plugin, docs/gpu.md; TPUs: libtpu).
 
 The CPU is never the default device elsewhere; this script refuses to run on one
 unless --allow-cpu (then at a toy size, to check the script itself).
@@ -26,7 +34,9 @@ When $OUT is set (a lent device machine) the JSON is copied there too.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import re
 import sys
 import time
 
@@ -36,18 +46,31 @@ import bench_common as bc  # noqa: E402
 BLOCKS = {"smollm2-135m": (13, 18), "smollm2-360m": (13, 19)}
 
 
+def train_step_for(cfg, mode, mesh, num_steps_schedule=1000):
+  """The trainer's jitted train step over `mesh` for `mode`, and its optimizer."""
+  from t2mlr_jax.train.config import base_config
+  from t2mlr_jax.train.optimizer import make_optimizer
+  from t2mlr_jax.train.step import make_train_step
+  tx, schedule = make_optimizer(base_config().optimizer, num_steps_schedule)
+  return make_train_step(cfg, tx, schedule, mode, mesh), tx
+
+
+def generate_call(cfg, new, prompt_cf=2):
+  """The script's generate call, (params, tokens) -> new tokens (decode_tps, ttft_ms)."""
+  import t2mlr_jax
+  return lambda params, tokens: t2mlr_jax.generate(params, cfg, tokens, max_new_tokens=new,
+                                                   prompt_control_flow=prompt_cf)
+
+
 def train_mfu(cfg, batch, seq_len, mode, steps, num_steps_schedule=1000):
   import jax
   import numpy as np
 
   from t2mlr_jax import flops, sharding
-  from t2mlr_jax.train.config import base_config
-  from t2mlr_jax.train.optimizer import make_optimizer
-  from t2mlr_jax.train.step import create_state, make_train_step
+  from t2mlr_jax.train.step import create_state
   mesh = sharding.make_mesh({"data": -1})
-  tx, schedule = make_optimizer(base_config().optimizer, num_steps_schedule)
+  step, tx = train_step_for(cfg, mode, mesh, num_steps_schedule)
   state = create_state(cfg, tx, jax.random.PRNGKey(0), mesh)
-  step = make_train_step(cfg, tx, schedule, mode, mesh)
   rng = np.random.RandomState(0)
   tokens = rng.randint(0, cfg.vocab_size, (batch, seq_len)).astype(np.int32)
   data = {"input_ids": tokens, "target_ids": np.roll(tokens, -1, 1),
@@ -79,7 +102,8 @@ def decode_tps(cfg, batch, prompt, new, repeats):
   import t2mlr_jax
   params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
   tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (batch, prompt)).astype(np.int32)
-  run = lambda n: (lambda: t2mlr_jax.generate(params, cfg, tokens, max_new_tokens=n))
+  calls = {n: generate_call(cfg, n) for n in (new, 1)}
+  run = lambda n: (lambda: calls[n](params, tokens))
   run(new)(), run(1)()
   times = bc.alternate({"n": run(new), "one": run(1)}, repeats)
   per_step = (bc.median(times["n"]) - bc.median(times["one"])) / (new - 1)
@@ -105,10 +129,29 @@ def ttft_ms(cfg, prompt, repeats, prompt_cf=1):
   import t2mlr_jax
   params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
   tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (1, prompt)).astype(np.int32)
-  run = lambda: t2mlr_jax.generate(params, cfg, tokens, max_new_tokens=1,
-                                   prompt_control_flow=prompt_cf)
+  call = generate_call(cfg, 1, prompt_cf)
+  run = lambda: call(params, tokens)
   jax.block_until_ready(run())
   return round(bc.median(bc.alternate({"g": run}, repeats)["g"]) * 1e3, 2)
+
+
+def attention_batch(cfg, batch, seq_len):
+  """attention_check's batch: random tokens, two packed documents a row."""
+  import numpy as np
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, cfg.vocab_size, (batch, seq_len)).astype(np.int32)
+  seg = np.zeros((batch, seq_len), np.int32)
+  seg[:, seq_len // 3:] = 1                                # two packed documents per row
+  return tokens, seg
+
+
+def attention_loss(cfg, seg):
+  """attention_check's jitted loss and gradient of the plain model, (params, tokens)."""
+  import jax
+
+  from t2mlr_jax.model.api import loss
+  return jax.jit(jax.value_and_grad(lambda p, tokens: loss(p, cfg, tokens, mode="parallel",
+                                                           segment_ids=seg)))
 
 
 def attention_check(cfg, batch, seq_len, repeats=5):
@@ -120,22 +163,17 @@ def attention_check(cfg, batch, seq_len, repeats=5):
 
   import t2mlr_jax
   from t2mlr_jax.model import kernels
-  from t2mlr_jax.model.api import loss
-  impl = kernels.resolve("auto", cfg.dtype)
+  impl = kernels.resolve("auto", cfg.dtype, head_dim=cfg.head_dim)
   if impl == "xla":
     impl = "splash"                  # CPU / fp32: the kernel in Pallas interpret mode
   cfg = cfg.replace(recurrence=None)
   params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0))
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, cfg.vocab_size, (batch, seq_len)).astype(np.int32)
-  seg = np.zeros((batch, seq_len), np.int32)
-  seg[:, seq_len // 3:] = 1                                # two packed documents per row
+  tokens, seg = attention_batch(cfg, batch, seq_len)
   out = {"impl": impl}
   fns, results = {}, {}
   for name in ("xla", impl):
     c = cfg.replace(attention=name)
-    f = jax.jit(jax.value_and_grad(lambda p, c=c: loss(p, c, tokens, mode="parallel",
-                                                       segment_ids=seg)))
+    f = functools.partial(attention_loss(c, seg), tokens=tokens)
     results[name] = jax.block_until_ready(f(params))
     logits = t2mlr_jax.forward(params, c, tokens, mode="parallel", segment_ids=seg)
     results[name] = (results[name], np.asarray(logits, np.float32))
@@ -151,6 +189,89 @@ def attention_check(cfg, batch, seq_len, repeats=5):
   return out
 
 
+def shape_config(shape):
+  """The bf16 model of a shape with T2MLR on its BLOCKS."""
+  from t2mlr_jax import ModelConfig, T2MLRConfig
+  l_start, l_end = BLOCKS[shape]
+  return ModelConfig.preset(shape, dtype="bfloat16",
+                            recurrence=T2MLRConfig(l_start=l_start, l_end=l_end))
+
+
+def compile_only(topology, shapes, batch, seq_len) -> dict:
+  """Compile the script's functions for `topology`'s devices without running them (see
+  the module's docstring): {shape: {function: its compiled memory, fused calls, fit}}."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  import t2mlr_jax
+  from t2mlr_jax import aot, sharding, topologies
+  from t2mlr_jax.eval import runner
+  from t2mlr_jax.model import kernels
+  from t2mlr_jax.train.step import abstract_state, state_shardings
+  topo = topologies.resolve(topology)
+  devices = topologies.devices(topo)
+  mesh = sharding.make_mesh({"data": -1}, devices)
+  fused = {key: pattern for key, (_, pattern) in aot.KERNEL_CALLS[topo.platform].items()}
+  place = lambda tree, spec: jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, spec)
+  whole = NamedSharding(mesh, PartitionSpec())
+  out = {"topology": topology, "device": devices[0].device_kind, "devices": len(devices),
+         "memory_budget_bytes": topo.hbm_bytes, "shapes": {}}
+
+  def build(name, lowered, t0):
+    compiled = lowered.compile()
+    m = compiled.memory_analysis()
+    total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+             + m.temp_size_in_bytes)
+    text = compiled.as_text()
+    row = {"compile_s": round(time.perf_counter() - t0, 1), "total_bytes": int(total),
+           "fits": total <= topo.hbm_bytes,
+           **{key: len(re.findall(pattern, text)) for key, pattern in fused.items()}}
+    print(f"  {name}: {total / 2 ** 30:.2f} of {topo.hbm_bytes / 2 ** 30:.2f} GiB, "
+          f"{row}", flush=True)
+    return row
+
+  for shape in shapes:
+    cfg, rows = shape_config(shape), {}
+    print(f"{shape} for {topology} ({devices[0].device_kind}):", flush=True)
+    for name, c, mode in (("baseline_train", cfg.replace(recurrence=None), "parallel"),
+                          ("t2mlr_train", cfg, "jacobi")):
+      t0 = time.perf_counter()
+      step, tx = train_step_for(c, mode, mesh)
+      state = place(abstract_state(c, tx), state_shardings(c, tx, mesh))
+      data = {k: jax.ShapeDtypeStruct((batch, seq_len), jnp.int32,
+                                      sharding=sharding.batch_sharding(mesh))
+              for k in ("input_ids", "target_ids", "control_flow")}
+      rows[name] = build(name, step.lower(state, data), t0)
+    params = jax.eval_shape(lambda: t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0)))
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=whole),
+                          params)
+    # attention_check's loss with the devices' own kernel (cudnn on an sm80+ GPU)
+    plain = cfg.replace(recurrence=None)
+    impl = kernels.resolve("auto", cfg.dtype, kernels.target_of(devices), cfg.head_dim)
+    _, seg = attention_batch(cfg, batch, seq_len)
+    t0 = time.perf_counter()
+    plain_params = jax.eval_shape(lambda: t2mlr_jax.init_params(plain, jax.random.PRNGKey(0)))
+    plain_params = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=whole), plain_params)
+    tokens = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32, sharding=whole)
+    with runner.mesh_context(mesh):
+      lowered = attention_loss(plain.replace(attention=impl), seg).trace(
+          plain_params, tokens).lower()
+    rows[f"attention_{impl}"] = build(f"attention_{impl}", lowered, t0)
+    for name, rows_b, prompt, new, cf in (("decode_b64", 64, 128, 128, 2),
+                                          ("ttft_1024", 1, 1024, 1, 1)):
+      t0 = time.perf_counter()
+      tokens = jax.ShapeDtypeStruct((rows_b, prompt), jnp.int32, sharding=whole)
+      with runner.mesh_context(mesh):        # the kernels of these devices (kernels.target)
+        lowered = jax.jit(generate_call(cfg, new, cf)).trace(params, tokens).lower()
+      rows[name] = build(name, lowered, t0)
+    out["shapes"][shape] = rows
+  out["fits"] = all(r["fits"] for rows in out["shapes"].values() for r in rows.values())
+  return out
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--shapes", default="smollm2-135m,smollm2-360m")
@@ -159,7 +280,16 @@ def main():
   p.add_argument("--seq_len", type=int, default=2048)
   p.add_argument("--allow-cpu", dest="allow_cpu", action="store_true")
   p.add_argument("--out", default="bench_accel.json")
+  p.add_argument("--compile_only", default=None, metavar="TOPOLOGY",
+                 help="compile for these devices (e.g. h200-1, v5e-1) without running")
   args = p.parse_args()
+  if args.compile_only:
+    # compile-only devices: this host's CPU stays the default backend, nothing runs
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    results = compile_only(args.compile_only, args.shapes.split(","), args.batch,
+                           args.seq_len)
+    print("wrote", bc.write_json(args.out, results))
+    sys.exit(0 if results["fits"] else 1)
 
   import jax
 
@@ -170,9 +300,7 @@ def main():
   results = {"device": str(jax.devices()[0].device_kind), "device_count": jax.device_count(),
              "shapes": {}}
   for shape in args.shapes.split(","):
-    l_start, l_end = BLOCKS[shape]
-    cfg = ModelConfig.preset(shape, dtype="bfloat16",
-                             recurrence=T2MLRConfig(l_start=l_start, l_end=l_end))
+    cfg = shape_config(shape)
     batch, seq_len = args.batch, args.seq_len
     if on_cpu:      # toy size: only checks that the script runs
       cfg = cfg.replace(n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16,

@@ -1,7 +1,8 @@
-"""Ahead-of-time compiles of a config's steps for a TPU topology (`python -m
+"""Ahead-of-time compiles of a config's steps for a TPU slice or a GPU node (`python -m
 t2mlr_jax.compile`): the train step exactly as the trainer builds it, the exact-mode eval
 step and generate's decode step, over compile-only devices, with per-device memory,
-collectives, Mosaic kernels and the cost model's FLOP floor.
+collectives, custom kernels (Mosaic on TPU; cuDNN fused attention and GEMMs on GPU) and
+the cost model's FLOP floor.
 
 Everything is built from shapes (`jax.eval_shape`): a model initialised from a checkpoint
 (`model.init_from`) compiles from the checkpoint's config alone, or from a preset name
@@ -35,6 +36,17 @@ STEPS = ("train", "eval", "decode")
 HEARTBEAT_S = 30.0          # a line this often while the compiler runs
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
                "collective-permute")
+# Custom kernels counted in a compiled program, by the platform it is compiled for: key ->
+# (what the report calls them, the pattern of one call in the optimized HLO text). A call
+# inside a loop body (the layer scan) counts once.
+KERNEL_CALLS = {
+    "tpu": {"mosaic": ("Mosaic kernels", r'custom_call_target="tpu_custom_call"')},
+    "gpu": {"fused_attention": ("cuDNN fused attention", r'custom_call_target="__cudnn\$fmha'),
+            # cuBLAS calls, and the GEMM fusions XLA emits with Triton or cuDNN
+            "gemm": ("GEMMs", r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)"|'
+                              r'calls=%\S+, [^\n]*"kind":"__(?:triton_gemm|'
+                              r'triton_nested_gemm_fusion|cudnn\$fusion)"')},
+}
 GiB = 2 ** 30
 
 
@@ -95,14 +107,16 @@ def _batch(keys, B, T, mesh):
   return {k: jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=sh) for k in keys}
 
 
-def _hlo_counts(text: str) -> tuple[dict, int]:
-  """(count of each collective op, count of Mosaic kernel calls) in optimized HLO text."""
+def _hlo_counts(text: str, platform: str = "tpu") -> tuple[dict, dict]:
+  """(count of each collective op, count of each of the platform's KERNEL_CALLS) in
+  optimized HLO text."""
   counts = collections.Counter()
   for op in COLLECTIVES:
     # an op appears as `op(` or, split in two, as `op-start(` (count the start only)
     counts[op] = len(re.findall(rf"\b{op}(?:-start)?\(", text))
-  mosaic = len(re.findall(r'custom_call_target="tpu_custom_call"', text))
-  return {k: v for k, v in counts.items() if v}, mosaic
+  kernels = {key: len(re.findall(pattern, text))
+             for key, (_, pattern) in KERNEL_CALLS.get(platform, {}).items()}
+  return {k: v for k, v in counts.items() if v}, kernels
 
 
 _OOM = (re.compile(r"Used ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?) (hbm|vmem)"),
@@ -131,8 +145,9 @@ def _compile(jitted, args, topo, log, name) -> tuple:
   t0 = time.perf_counter()
   log(f"lowering the {name} step for {topo.name} ({topo.num_devices} devices)...")
   lowered = jitted.lower(*args)
-  log(f"compiling it with XLA's TPU compiler (seconds for a small model; minutes for a "
-      f"100M+ model on a large slice; lowered in {time.perf_counter() - t0:.0f} s)...")
+  log(f"compiling it with XLA's {topo.platform.upper()} compiler (seconds for a small "
+      f"model; minutes for a 100M+ model on many devices; lowered in "
+      f"{time.perf_counter() - t0:.0f} s)...")
   done = threading.Event()
 
   def heartbeat():                    # a compile of several minutes is never silent
@@ -170,12 +185,13 @@ def _memory(compiled) -> dict:
 def _step_entry(name, compiled, seconds, topo, step_flops, extra, keep_text=False) -> dict:
   mem = _memory(compiled)
   text = compiled.as_text()
-  collectives, mosaic = _hlo_counts(text)
+  collectives, kernels = _hlo_counts(text, topo.platform)
   per_device = step_flops / topo.num_devices if step_flops else None
   entry = {"step": name, **extra, "compile_seconds": round(seconds, 1), **mem,
            "hbm_bytes": topo.hbm_bytes, "fits": mem["total_bytes"] <= topo.hbm_bytes,
            "headroom_bytes": topo.hbm_bytes - mem["total_bytes"],
-           "collectives": collectives, "mosaic_kernels": mosaic,
+           "collectives": collectives, "kernels": kernels,
+           "mosaic_kernels": kernels.get("mosaic", 0),
            "model_flops_per_device": per_device,
            "step_seconds_floor": per_device / topo.peak_flops if per_device else None}
   if keep_text:
@@ -191,9 +207,10 @@ def _failed_entry(name, reason, topo, extra) -> dict:
 def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
                    num_slices: int = 1, log: Callable[[str], None] = lambda s: None,
                    keep_text: bool = False) -> dict:
-  """Compile `steps` of an experiment config for a topology; the report as a dict (see
-  `format_report`; keep_text: each step's optimized HLO too, as `hlo_text`). Raises
-  ValueError for a bad config, topology or step name."""
+  """Compile `steps` of an experiment config for a topology (a TPU slice or a GPU node,
+  `topologies.resolve`); the report as a dict (see `format_report`; keep_text: each
+  step's optimized HLO too, as `hlo_text`). Raises ValueError for a bad config, topology
+  or step name, topologies.TopologyUnavailable without libtpu / the CUDA plugin."""
   bad = [s for s in steps if s not in STEPS]
   if bad or not steps:
     _fail("--steps", ",".join(steps), f"a comma-separated subset of {STEPS}")
@@ -201,10 +218,10 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
     _fail("--num_slices", num_slices, "an integer >= 1")
   topo = topologies.resolve(topology)
   config = shape_config(config)
-  cfg = config_lib.validate(config)
+  devices = topologies.devices(topo, num_slices)
+  cfg = config_lib.validate(config, devices)
   t = config.train
   mode = config_lib.train_mode(config, cfg)
-  devices = topologies.devices(topo, num_slices)
   mesh = sharding.make_mesh(dict(config.mesh), devices, getattr(cfg, "d_model", None))
   k = t.get("grad_accum_steps", 1)
   check_batch(t.batch_size, k, mesh)
@@ -219,7 +236,9 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
       "config": config.get("name", ""), "topology": topo.name,
       "jax_topology": topo.jax_topology, "num_slices": num_slices,
       "devices": topo.num_devices * num_slices, "device_kind": devices[0].device_kind,
+      "platform": topo.platform, "memory_text": topo.memory_text,
       "hbm_bytes_per_device": topo.hbm_bytes, "peak_flops_per_device": topo.peak_flops,
+      "peak_text": topo.peak_text,
       "mesh": dict(mesh.shape), "attention": getattr(cfg, "attention", None),
       "mode": mode, "batch_size": t.batch_size, "seq_len": t.seq_len,
       "grad_accum_steps": k, "dtype": getattr(cfg, "dtype", "float32"),
@@ -317,8 +336,9 @@ def _decode_step(config, cfg, mesh, params_abs):
     return decode._prefill_left_padded(params, cfg, prompt, lengths, S, cf, True, "exact",
                                        None)[1]
 
-  state = jax.eval_shape(prefill_shapes, params_abs,
-                         jax.ShapeDtypeStruct((B, P), jnp.int32))
+  with runner.mesh_context(mesh):      # the kernels of the mesh's devices (kernels.target)
+    state = jax.eval_shape(prefill_shapes, params_abs,
+                           jax.ShapeDtypeStruct((B, P), jnp.int32))
   n = sharding.batch_divisor(mesh)
   P_ = jax.sharding.PartitionSpec
 
@@ -349,11 +369,11 @@ def _gib(n) -> str:
 
 
 def format_report(report: dict) -> str:
-  """The report as a few lines of text (per device: a chip; a core on v2 / v3)."""
+  """The report as a few lines of text (per device: a chip, a core on v2 / v3, a GPU)."""
   r = report
   lines = [
       f"{r['config']} on {r['topology']} ({r['jax_topology']}, {r['devices']} x "
-      f"{r['device_kind']}, {_gib(r['hbm_bytes_per_device'])} HBM each), mesh "
+      f"{r['device_kind']}, {r['memory_text']}), mesh "
       f"{r['mesh']}, attention {r['attention']}, {r['mode']}, batch {r['batch_size']} x "
       f"{r['seq_len']}" + (f" in {r['grad_accum_steps']} microbatches"
                            if r["grad_accum_steps"] > 1 else "") + f", {r['dtype']}",
@@ -370,15 +390,16 @@ def format_report(report: dict) -> str:
       continue
     verdict = "fits" if s["fits"] else "DOES NOT FIT"
     coll = ", ".join(f"{k} {v}" for k, v in s["collectives"].items()) or "none"
+    labels = KERNEL_CALLS.get(r["platform"], {})
+    kernels = "; ".join(f"{labels[k][0]} {v}" for k, v in s["kernels"].items())
     floor = ("" if s["step_seconds_floor"] is None else
              f"; model FLOPs {s['model_flops_per_device']:.3g} per device, >= "
-             f"{s['step_seconds_floor'] * 1e3:.3g} ms at the chip's peak (a floor)")
+             f"{s['step_seconds_floor'] * 1e3:.3g} ms at {r['peak_text']} (a floor)")
     lines.append(
         f"  {s['step']}: {verdict}: {_gib(s['total_bytes'])} of {_gib(s['hbm_bytes'])} "
         f"per device (arguments {_gib(s['argument_bytes'])}, temporaries "
         f"{_gib(s['temp_bytes'])}, outputs {_gib(s['output_bytes'])}, aliased "
         f"{_gib(s['alias_bytes'])}), headroom {_gib(s['headroom_bytes'])}; compiled in "
-        f"{s['compile_seconds']:.0f} s; collectives: {coll}; Mosaic kernels "
-        f"{s['mosaic_kernels']}{floor}")
+        f"{s['compile_seconds']:.0f} s; collectives: {coll}; {kernels}{floor}")
   lines.append("fits" if r["fits"] else "does not fit")
   return "\n".join(lines)

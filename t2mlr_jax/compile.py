@@ -1,17 +1,21 @@
-"""Compile a config's steps for a TPU topology on any host, before paying for the slice:
-`python -m t2mlr_jax.compile --config=configs/fineweb_135m.py --topology=v5e-256`.
+"""Compile a config's steps for a TPU slice or a GPU node on any host, before paying for
+it: `python -m t2mlr_jax.compile --config=configs/fineweb_135m.py --topology=v5e-256`
+(or `--topology=h100-8`, docs/gpu.md).
 
 Builds the train step as the trainer does for that config (the same state shardings,
 donated state, batch shapes, mode, gradient accumulation and kernel choice) over the
-topology's compile-only devices (libtpu: `pip install "jax[tpu]==<the installed jax>"`),
-runs the real TPU compiler, and prints per device (a chip; a core on v2 / v3): the state
-(sharded and replicated parts), temporaries, outputs, their total against the HBM, the
-collectives and Mosaic kernels in the program, and the cost model's FLOPs with the step
-time they take at the chip's peak (a floor). `--steps=train,eval,decode` adds the exact
-eval step and generate's decode step. Nothing is trained or written besides --output.
+topology's compile-only devices (TPUs: libtpu, `pip install "jax[tpu]==<the installed
+jax>"`; GPUs: JAX's CUDA plugin, `pip install "jax[cuda12]==<the installed jax>"`, no GPU
+needed), runs the real TPU or GPU compiler, and prints per device (a chip, a core on
+v2 / v3, a GPU): the state (sharded and replicated parts), temporaries, outputs, their
+total against the device's memory, the collectives and custom kernels in the program
+(Mosaic; cuDNN fused attention and GEMMs), and the cost model's FLOPs with the step time
+they take at the device's peak (a floor). `--steps=train,eval,decode` adds the exact eval
+step and generate's decode step. Nothing is trained or written besides --output.
 
-Exit status: 0 when every step fits, 3 when one does not (the compiler's out-of-memory
-error, or the total above the HBM), 2 for a bad config or topology.
+Exit status: 0 when every step fits, 3 when one does not (the TPU compiler's
+out-of-memory error, or the total above the memory: a TPU's HBM, on a GPU what a JAX
+process gets), 2 for a bad config or topology, or the compiler's package missing.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import sys
 # several compiling processes may load libtpu at once (it locks /tmp/libtpu_lockfile)
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 if "JAX_PLATFORMS" not in os.environ:
-  # compile-only TPU devices come from libtpu; the host computes nothing but stays on CPU
-  # (libtpu's complaints about missing chips are then harmless)
+  # compile-only devices come from libtpu / the CUDA plugin; the host computes nothing but
+  # stays on CPU (libtpu's complaints about missing chips are then harmless, and the CUDA
+  # plugin does not look for a GPU)
   import jax
   jax.config.update("jax_platforms", "cpu")
 
@@ -36,7 +41,9 @@ from t2mlr_jax import aot as compile_report, cli
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=False)
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice: a name such as v5e-16, v4-32, "
-                                "v5p-64, v6e-256 or JAX's GEN:AxB[xC] (e.g. v5e:4x4)")
+                                "v5p-64, v6e-256 or JAX's GEN:AxB[xC] (e.g. v5e:4x4); GPU "
+                                "node: h100-8, h200-8, h200-1, a100-8, l4-1, t4-1, or nodes: "
+                                "h100-2x8")
 _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "slices joined over DCN (mesh.data spans "
                                    "them)")
 _STEPS = flags.DEFINE_string("steps", "train", "comma-separated: train, eval, decode")

@@ -16,11 +16,14 @@ import jax
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.registry import SCHEDULES
-from t2mlr_jax.topologies import GENERATIONS
+from t2mlr_jax.topologies import CARDS, GENERATIONS
 
-# Dense peak FLOP/s per device, for MFU (bf16 unless noted): GPUs here, TPUs from the
-# topology table (per core on v2 / v3, whose devices are cores; per chip otherwise).
+# Dense peak FLOP/s per device, for MFU (bf16 unless noted): the listed GPU cards and TPU
+# generations from the topology tables (per core on v2 / v3, whose devices are cores; per
+# chip otherwise; the T4's fp16, it has no bf16 tensor cores), other variants of a card
+# by name ("NVIDIA H100 PCIe" matches "H100").
 PEAK_FLOPS = {
+    **{c.device_kind: c.peak_flops for c in CARDS.values()},
     "H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12,
     **{g.device_kind: g.peak_bf16_flops for g in GENERATIONS.values()},
 }

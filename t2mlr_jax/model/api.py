@@ -127,7 +127,7 @@ def num_params(cfg: AnyModelConfig) -> int:
 
 
 def _check_kernel(cfg: ModelConfig) -> None:
-  kernels.check_available(cfg.attention, cfg.dtype)
+  kernels.check_available(cfg.attention, cfg.dtype, cfg.head_dim)
 
 
 TRANSFORMER = FAMILIES.register(ModelFamily(

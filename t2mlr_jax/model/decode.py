@@ -138,8 +138,11 @@ def _prefill_left_padded(params, cfg, prompt, lengths, cache_len, prompt_cf,
   pad = P - lengths
   t = jnp.arange(P)[None, :]
   valid = t >= pad[:, None]
+  # the left padding as a segment of its own: attention masks it either way, and a fused
+  # kernel then takes the mask (cuDNN's mask-free form needs padding at the end)
   inp = SeqInputs(jnp.where(valid, prompt_cf, CF_PAD).astype(jnp.int32),
-                  jnp.maximum(t - pad[:, None], 0).astype(jnp.int32), None)
+                  jnp.maximum(t - pad[:, None], 0).astype(jnp.int32),
+                  valid.astype(jnp.int32))
   return prefill(params, cfg, prompt, inp, cache_len, recurrent_prompt=recurrent_prompt,
                  method=method, tol=tol)
 

@@ -216,8 +216,9 @@ class Attention(nn.Module):
       if segments is None:
         out = attend(q, k, v, mask_BTS)
       else:                 # a fused kernel (model/kernels.py), causal within segments
-        out = kernels.attend_full(kernels.resolve(cfg.attention, cfg.dtype), q, k, v,
-                                  mask_BTS, segments, window, cfg.layer_windows or ())
+        impl = kernels.resolve(cfg.attention, cfg.dtype, head_dim=cfg.head_dim)
+        out = kernels.attend_full(impl, q, k, v, mask_BTS, segments, window,
+                                  cfg.layer_windows or ())
     elif kv_kind == "buffer":   # rows `index` of a full-length buffer [B, S, N_kv, K] rewritten
       kv = KV(kv.k.at[:, index].set(k.astype(kv.k.dtype)),
               kv.v.at[:, index].set(v.astype(kv.v.dtype)))

@@ -65,8 +65,8 @@ def context(params, cfg: ModelConfig, inp: SeqInputs, tokens_BT, x0_BTD) -> Laye
   zero = jnp.zeros((B, T, cfg.d_model), jnp.float32) if recurrence.uses_memory(cfg) else None
   side = side_inputs(params, cfg, x0_BTD, tokens_BT, dist[None], zero)
   segments = None
-  if kernels.resolve(cfg.attention, cfg.dtype) != "xla":
-    segments = kernels.segments_for(inp.control_flow, inp.segment_ids)
+  if kernels.resolve(cfg.attention, cfg.dtype, head_dim=cfg.head_dim) != "xla":
+    segments = kernels.kernel_inputs(inp.control_flow, inp.segment_ids)
   return LayerCtx(rope_tables(cfg, inp.positions), mask, side,
                   value_embed_inputs(params, cfg, tokens_BT), segments=segments)
 

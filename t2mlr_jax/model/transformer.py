@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.block import Block
+from t2mlr_jax.model.kernels import KernelInputs
 from t2mlr_jax.model.layers import (
   LayerSide,
   Rope,
@@ -148,7 +149,7 @@ class LayerCtx(NamedTuple):
   side: Optional[LayerSide] = None
   per_layer: Optional[tuple] = None
   collect: bool = False
-  segments: Optional[jnp.ndarray] = None     # [B, T] for fused attention kernels (kernels.py)
+  segments: Optional[KernelInputs] = None    # what fused attention kernels mask with
 
 
 def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:

@@ -239,11 +239,13 @@ def train_mode(config, cfg) -> str:
   return rec.default_schedule if mode == "auto" else mode
 
 
-def validate(config):
+def validate(config, devices=None):
   """Check every group before anything is compiled; returns the typed model config.
 
   Errors name the field (e.g. `train.num_steps`) and the allowed values. The
-  model fields are validated by the typed config's own checks.
+  model fields are validated by the typed config's own checks; its kernels against
+  `devices` (those the steps are compiled for: `t2mlr_jax.compile`'s compile-only TPUs or
+  GPUs), by default this host's backend.
   """
   for name in ("train", "optimizer", "data", "mesh", "model"):
     if name not in config:
@@ -296,10 +298,15 @@ def validate(config):
         _fail(f"optimizer.{field}", o[field], "in [0, 1)")
   cfg = model_config(config)
   mode = train_mode(config, cfg)
-  try:
-    family_of(cfg).check(cfg)          # e.g. an attention kernel this backend cannot run
+  try:                                 # e.g. an attention kernel the devices cannot run
+    family = family_of(cfg)
+    if devices is None:
+      family.check(cfg)
+    else:
+      family.for_devices(cfg, devices)
   except ValueError as e:
-    raise ValueError(f"config field model.{e}") from None
+    field = str(e) if str(e).startswith("model.") else f"model.{e}"
+    raise ValueError(f"config field {field}") from None
   if t.seq_len > cfg.max_seq_len:
     _fail("train.seq_len", t.seq_len, f"<= model.max_seq_len={cfg.max_seq_len}")
   rec = getattr(cfg, "recurrence", None)
