@@ -231,8 +231,9 @@ def table(out_dir: str = RESULTS) -> str:
   """Every arm: params, tokens, FLOPs (and × the transformer), exact BPB as mean (min–max)
   over the seeds recorded, and the transformer's BPB at the arm's FLOPs (same seeds)."""
   seeds = seeds_recorded(out_dir)
-  names = [n for n in list(ARMS) + ["transformer_flops"]
-           if any(n in r["arms"] for r in seeds.values())]
+  # each arm, then its record from before LRT's gate left weight decay (18519ee), if kept
+  names = [m for n in list(ARMS) + ["transformer_flops"] for m in (n, f"{n}{DECAYED}")
+           if any(m in r["arms"] for r in seeds.values())]
   lines = ["| arm | params | seeds | tokens (M) | train TFLOP (spent) | × transformer | "
            "BPB exact, mean (min–max) | transformer at these FLOPs |",
            "|---|---|---|---|---|---|---|---|"]
@@ -289,6 +290,7 @@ def jacobi_table(out_dir: str = RESULTS) -> str:
 
 
 # (arm, reference): the comparisons the docs make, each at equal tokens
+DECAYED = "_decayed_gate"   # suffix of an arm's record trained with LRT's gate decayed
 COMPARISONS = (("t2mlr", "transformer"), ("t2mlr_16_4", "transformer"),
                ("t2mlr_all", "transformer"), ("lrt", "transformer"),
                ("lrt", "transformer_muon_lr0.01"), ("lrt_lr0.02", "transformer_muon"),
@@ -297,7 +299,9 @@ COMPARISONS = (("t2mlr", "transformer"), ("t2mlr_16_4", "transformer"),
                ("t2mlr", "t2mlr_16_4"), ("t2mlr_2_1", "t2mlr_16_4"), ("t2mlr_tol", "t2mlr_16_4"),
                ("lrt_layerwise", "transformer"), ("lrt_shared", "lrt_layerwise"),
                ("lrt", "lrt_shared"), ("lrt_lr0.02", "lrt"), ("lrt_lr0.04", "lrt"),
-               ("lrt_final", "lrt"), ("lrt_residual", "lrt"))
+               ("lrt_final", "lrt"), ("lrt_residual", "lrt"),
+               ("lrt_layerwise", "lrt_layerwise" + DECAYED),
+               ("lrt_shared", "lrt_shared" + DECAYED))
 
 
 def compare(seeds: dict, arm: str, reference: str) -> dict:
