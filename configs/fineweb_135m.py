@@ -13,7 +13,9 @@ Meant for a TPU v5e-256 (one 2048-token sequence a chip; check before paying:
 `python -m t2mlr_jax.compile --config=configs/fineweb_135m.py --topology=v5e-256`):
 4.5 of 15.75 GiB a chip; the all_layers and 360m variants 11.6 and 6.9 GiB (docs/tpu.md).
 The same global batch on 16 chips needs `train.grad_accum_steps` 8 on a v5e-16 (the
-transformer variant 4), 4 on a v4-32 or a v6e-16.
+transformer variant 4), 4 on a v4-32 or a v6e-16. On GPUs (docs/gpu.md; check with
+`--topology=h100-8`): one node of 8 H100s or 8 A100s (80 GB) with `train.grad_accum_steps=2`,
+51.4 / 51.8 GiB of the 58.7 / 59.0 a JAX process gets on a card (99 / 100 without it).
 
 Variants (`--config=configs/fineweb_135m.py:VARIANT`):
   (default)    SmolLM2-135M (30 layers, d_model 576, GQA 9/3, vocab 49152, tied) with T2MLR

@@ -13,7 +13,9 @@ Variants (`--config=configs/lrt_nanochat.py:VARIANT`):
 Slices (docs/tpu.md; check one with `python -m t2mlr_jax.compile
 --config=configs/lrt_nanochat.py:d20 --topology=v5p-128`): d20 is meant for a TPU v5p-128
 (86.2 of 95.7 GiB a chip; on a v5p-64 set `train.grad_accum_steps=2`, on a v6e-16 16),
-d12 for a v5e-256 (14.2 of 15.75 GiB a chip; on a v5e-16 `grad_accum_steps=16`).
+d12 for a v5e-256 (14.2 of 15.75 GiB a chip; on a v5e-16 `grad_accum_steps=16`). On GPUs
+(docs/gpu.md): d20 fits nanochat's 8×H100 node at its batch with `grad_accum_steps=8`
+(54.4 of 58.7 GiB a card; 2 and 4 microbatches need 186 and 95 GiB), `--topology=h100-8`.
 
 The d12/d20 variants read any tokenized text through the `sft` task
 (--config.data.path=FILE.jsonl --config.data.tokenizer=DIR; vocabulary 32768 unless

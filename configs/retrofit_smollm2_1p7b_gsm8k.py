@@ -18,8 +18,10 @@ GSM8K 35.8 -> 39.9, MATH500 12.8 -> 18.0.
 Needs an accelerator (bf16, full remat, FSDP over all chips): meant for a TPU v5p-64,
 20.5 of 95.7 GiB a chip (`python -m t2mlr_jax.compile
 --config=configs/retrofit_smollm2_1p7b_gsm8k.py --topology=v5p-64
---config.model.init_from=smollm2-1.7b` checks it from the shape alone). Variant `tiny`:
-the same recipe at toy size for tests (pass a tiny HF directory as init_from).
+--config.model.init_from=smollm2-1.7b` checks it from the shape alone). On GPUs
+(docs/gpu.md, `--topology=h100-8`): one 8×H100 node as it is, 56.7 of the 58.7 GiB a JAX
+process gets on a card (2 GiB of headroom). Variant `tiny`: the same recipe at toy size for
+tests (pass a tiny HF directory as init_from).
 """
 
 from t2mlr_jax.train.config import base_config
