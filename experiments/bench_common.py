@@ -3,12 +3,14 @@ results JSON files (read_json / write_json: every script reads and writes them h
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any, Callable
@@ -163,3 +165,23 @@ def memory_bandwidth_gbs(megabytes: int = 1024, repeats: int = 7) -> float:
   jax.block_until_ready(f(x))
   t = median([timed(lambda: f(x)) for _ in range(repeats)])
   return n * 4 / t / 1e9
+
+
+def cells_command(description: str, cells, out: str, table: Callable[[dict], str]):
+  """The fit tools' command line (tpu_fit.py, gpu_fit.py): --cells, --redo, --table.
+  Returns (names to compile, the recorded results, redo), or None after --table printed
+  the recorded cells."""
+  ap = argparse.ArgumentParser(description=description)
+  ap.add_argument("--cells", default=",".join(cells), help="comma-separated cell names")
+  ap.add_argument("--redo", action="store_true", help="recompile cells already recorded")
+  ap.add_argument("--table", action="store_true", help="print the recorded cells as the "
+                  "docs' markdown table and exit")
+  args = ap.parse_args()
+  if args.table:
+    print(table(read_json(out)))
+    return None
+  names = [n.strip() for n in args.cells.split(",") if n.strip()]
+  unknown = [n for n in names if n not in cells]
+  if unknown:
+    sys.exit(f"error: unknown cells {unknown}: allowed {sorted(cells)}")
+  return names, read_json(out, default={"cells": {}}), args.redo

@@ -20,7 +20,6 @@ misses the cuDNN and cuBLAS custom calls (and a compile without the card gives n
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -31,7 +30,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
-from bench_common import read_json, write_json  # noqa: E402
+from bench_common import cells_command, read_json, write_json  # noqa: E402
 
 OUT = os.path.join(ROOT, "experiments", "results", "gpu_fit.json")
 MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"     # t2mlr_jax.topologies reads it
@@ -252,20 +251,10 @@ def run(names, results: dict, write, compile_fn=_compile, redo: bool = False) ->
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--cells", default=",".join(CELLS), help="comma-separated cell names")
-  ap.add_argument("--redo", action="store_true", help="recompile cells already recorded")
-  ap.add_argument("--table", action="store_true", help="print the recorded cells as the "
-                  "docs' markdown table and exit")
-  args = ap.parse_args()
-  if args.table:
-    print(table(read_json(OUT)))
+  parsed = cells_command(__doc__.split("\n\n")[0], CELLS, OUT, table)
+  if parsed is None:
     return
-  names = [n.strip() for n in args.cells.split(",") if n.strip()]
-  unknown = [n for n in names if n not in CELLS]
-  if unknown:
-    sys.exit(f"error: unknown cells {unknown}: allowed {sorted(CELLS)}")
-  results = read_json(OUT, default={"cells": {}})
+  names, results, redo = parsed
   from importlib import metadata
 
   import jax
@@ -278,7 +267,7 @@ def main():
                      "jax": jax.__version__, "jax_cuda12_plugin": plugin,
                      MEM_FRACTION_ENV: os.environ.get(MEM_FRACTION_ENV, "default (0.75)")}
 
-  run(names, results, lambda r: write_json(OUT, r, indent=2, stamp=False), redo=args.redo)
+  run(names, results, lambda r: write_json(OUT, r, indent=2, stamp=False), redo=redo)
 
 
 if __name__ == "__main__":

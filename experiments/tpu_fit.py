@@ -14,7 +14,6 @@ minutes on a 2-core host.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -25,7 +24,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
-from bench_common import read_json, write_json  # noqa: E402
+from bench_common import cells_command, read_json, write_json  # noqa: E402
 
 OUT = os.path.join(ROOT, "experiments", "results", "tpu_fit.json")
 
@@ -177,27 +176,17 @@ def table(results: dict) -> str:
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--cells", default=",".join(CELLS), help="comma-separated cell names")
-  ap.add_argument("--redo", action="store_true", help="recompile cells already recorded")
-  ap.add_argument("--table", action="store_true", help="print the recorded cells as the "
-                  "docs' markdown table and exit")
-  args = ap.parse_args()
-  if args.table:
-    print(table(read_json(OUT)))
+  parsed = cells_command(__doc__.split("\n\n")[0], CELLS, OUT, table)
+  if parsed is None:
     return
-  names = [n.strip() for n in args.cells.split(",") if n.strip()]
-  unknown = [n for n in names if n not in CELLS]
-  if unknown:
-    sys.exit(f"error: unknown cells {unknown}: allowed {sorted(CELLS)}")
-  results = read_json(OUT, default={"cells": {}})
+  names, results, redo = parsed
   from importlib import metadata
 
   import jax
   results["host"] = {"platform": platform.platform(), "cpus": os.cpu_count(),
                      "jax": jax.__version__, "libtpu": metadata.version("libtpu")}
   for name in names:
-    if name in results["cells"] and not args.redo:
+    if name in results["cells"] and not redo:
       continue
     print(f"[{time.strftime('%H:%M:%S')}] {name}", flush=True)
     entry = run_cell(name)

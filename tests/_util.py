@@ -1,5 +1,8 @@
 """Shared helpers for the tests: tiny configs and recurrence parameters that do something."""
 
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,3 +60,18 @@ def load_file(*relpath):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def config_file(name, variant, **overrides):
+  """configs/<name>.py's get_config(variant) with "group.field" overrides."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  sys.path.insert(0, os.path.join(root, "configs"))
+  try:
+    module = __import__(name)
+  finally:
+    sys.path.pop(0)
+  c = module.get_config(variant)
+  for key, value in overrides.items():
+    group, field = key.split(".", 1)
+    c[group][field] = value
+  return c

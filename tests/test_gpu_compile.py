@@ -18,6 +18,8 @@ import pytest
 from t2mlr_jax import aot, topologies
 from t2mlr_jax.model import kernels
 
+from _util import config_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_cuda_plugin = pytest.mark.skipif(not topologies.cuda_plugin_available(),
                                        reason="JAX's CUDA plugin is not installed (pip "
@@ -27,17 +29,7 @@ CAUSAL_FORM = 'custom_call_target="__cudnn$fmhaSoftmax"'      # no bias: no mask
 MASK_FORM = 'custom_call_target="__cudnn$fmhaScaleBiasSoftmax"'
 
 
-def _config(name, variant, **overrides):
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  try:
-    module = __import__(name)
-  finally:
-    sys.path.pop(0)
-  c = module.get_config(variant)
-  for key, value in overrides.items():
-    group, field = key.split(".", 1)
-    c[group][field] = value
-  return c
+_config = config_file
 
 
 def _t2mlr(**kw):

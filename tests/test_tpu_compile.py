@@ -18,6 +18,8 @@ from jax.sharding import AbstractMesh, AxisType
 from t2mlr_jax import sharding, topologies
 from t2mlr_jax.model import kernels
 
+from _util import config_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_libtpu = pytest.mark.skipif(not topologies.libtpu_available(),
                                   reason="libtpu is not installed (pip install "
@@ -28,17 +30,7 @@ tpu = [pytest.mark.tpu_compile, needs_libtpu]
 TOPOLOGIES = ("v5e:2x2", "v4-8", "v6e:2x2", "v2-8")
 
 
-def _config(name, variant, **overrides):
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  try:
-    module = __import__(name)
-  finally:
-    sys.path.pop(0)
-  c = module.get_config(variant)
-  for key, value in overrides.items():
-    group, field = key.split(".", 1)
-    c[group][field] = value
-  return c
+_config = config_file
 
 
 def _t2mlr(**kw):
