@@ -45,8 +45,8 @@ def get_config(variant: str = ""):
   c.model.max_seq_len = 2048
   span = (14, 19) if variant == "360m" else (0, shape["n_layers"] - 1) if (
       variant == "all_layers") else (13, 18)
-  c.model.recurrence = recurrence_config("t2mlr", l_start=span[0], l_end=span[1],
-                                         d_forward=16, d_backward=4)
+  c.model.recurrence = recurrence_config("t2mlr", l_start=span[0], l_end=span[1])
+  c.model.schedule_options.update(d_forward=16, d_backward=4)
   if variant == "transformer":
     c.model.recurrence.type = "none"
     c.model.d_ff = 1568
@@ -61,7 +61,8 @@ def get_config(variant: str = ""):
   if variant == "tiny":
     c.model.update(vocab_size=259, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=64,
                    max_seq_len=64, dtype="float32")
-    c.model.recurrence.update(l_start=1, l_end=1, d_forward=4, d_backward=2)
+    c.model.recurrence.update(l_start=1, l_end=1)
+    c.model.schedule_options.update(d_forward=4, d_backward=2)
     c.data.update(path="data/fineweb_tiny", eval_blocks=8, eval_batch_size=4, num_threads=1,
                   prefetch=2)
     c.train.update(batch_size=8, seq_len=32, num_steps=4, eval_every=4, checkpoint_every=2,

@@ -57,18 +57,19 @@ def get_config(variant: str = "t2mlr"):
     c.model.recurrence.type = "none"
     c.model.d_ff = 438
   elif variant == "t2mlr":
-    c.model.recurrence = recurrence_config("t2mlr", l_start=1, l_end=2, d_forward=4,
-                                           d_backward=1)
+    c.model.recurrence = recurrence_config("t2mlr", l_start=1, l_end=2)
+    c.model.schedule_options.update(d_forward=4, d_backward=1)
   elif variant == "t2mlr_all":
-    c.model.recurrence = recurrence_config("t2mlr", l_start=0, l_end=3, d_forward=8,
-                                           d_backward=4)
+    c.model.recurrence = recurrence_config("t2mlr", l_start=0, l_end=3)
+    c.model.schedule_options.update(d_forward=8, d_backward=4)
   elif variant == "lrt_layerwise":
-    c.model.recurrence = recurrence_config("lrt", source_layer=-1, passes=2,
-                                           value_embeds=False)
+    c.model.recurrence = recurrence_config("lrt", source_layer=-1, value_embeds=False)
+    c.model.schedule_options.passes = 2
     c.model.d_ff = 352
   elif variant in ("lrt", "lrt_shared"):
     c.model.recurrence = recurrence_config("lrt", source_layer=2, projection="shared",
-                                           passes=2, value_embeds=False)
+                                           value_embeds=False)
+    c.model.schedule_options.passes = 2
     c.model.d_ff = 416
     if variant == "lrt":
       c.optimizer.update(name="muon", matrix_lr=0.01,      # the best of 0.01 / 0.02 / 0.04
@@ -76,8 +77,8 @@ def get_config(variant: str = "t2mlr"):
   if variant == "tiny":
     c.model.update(vocab_size=259, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=64,
                    max_seq_len=64)
-    c.model.recurrence = recurrence_config("t2mlr", l_start=0, l_end=0, d_forward=4,
-                                           d_backward=2)
+    c.model.recurrence = recurrence_config("t2mlr", l_start=0, l_end=0)
+    c.model.schedule_options.update(d_forward=4, d_backward=2)
     c.data.update(path="data/gutenberg_byte32", eval_blocks=8, eval_batch_size=4)
     c.train.update(batch_size=8, seq_len=32, num_steps=4, eval_every=4, checkpoint_every=2,
                    log_every=1, async_checkpointing=False)

@@ -48,7 +48,8 @@ def get_config(variant: str = "d20"):
   shape["value_embeds"] = None      # LRT's own value embeddings replace nanochat's (release)
   for key, value in shape.items():
     c.model[key] = value
-  c.model.recurrence = recurrence_config("lrt", source_layer=-1, passes=2)
+  c.model.recurrence = recurrence_config("lrt", source_layer=-1)
+  c.model.schedule_options.passes = 2
   c.optimizer.update(name="muon", matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004,
                      scalar_lr=0.5, adam_b1=0.8, adam_b2=0.95, weight_decay=0.0,
                      warmup_frac=0.0, min_lr_frac=0.0, grad_clip=0.0)

@@ -24,8 +24,8 @@ def get_config(variant: str = ""):
   c.name = "retrofit_smollm2_135m_va"
   c.model.init_required = True           # model shape comes from model.init_from
   c.model.update(dtype="float32", max_seq_len=2048)
-  c.model.recurrence.update(type="t2mlr", l_start=12, l_end=17, d_forward=8, d_backward=4,
-                            gate_gain=1e-2)
+  c.model.recurrence.update(type="t2mlr", l_start=12, l_end=17, gate_gain=1e-2)
+  c.model.schedule_options.update(d_forward=8, d_backward=4)
   c.optimizer.update(lr=2e-4, b2=0.99, weight_decay=0.01, warmup_frac=0.05,
                      recurrence_lr_mult=100.0)
   c.data.update(task="sft", format="prompt_response", chat=True, packed=False,
@@ -36,7 +36,8 @@ def get_config(variant: str = ""):
     c.model.recurrence.type = "none"
   if variant.startswith("tiny"):
     c.model.update(max_seq_len=256)
-    c.model.recurrence.update(l_start=1, l_end=1, d_forward=4, d_backward=2)
+    c.model.recurrence.update(l_start=1, l_end=1)
+    c.model.schedule_options.update(d_forward=4, d_backward=2)
     c.data.update(eval_limit=8, eval_batch_size=8, chat=False)
     c.train.update(num_steps=3, batch_size=8, seq_len=128, eval_every=3, checkpoint_every=3,
                    log_every=1, async_checkpointing=False)

@@ -32,8 +32,8 @@ def get_config(variant: str = ""):
   c.name = "retrofit_smollm2_1p7b_gsm8k"
   c.model.init_required = True           # model shape comes from model.init_from
   c.model.update(dtype="bfloat16", remat="full", max_seq_len=4096, attention="auto")
-  c.model.recurrence.update(type="t2mlr", l_start=4, l_end=-5, d_forward=16, d_backward=8,
-                            gate_gain=1e-2)
+  c.model.recurrence.update(type="t2mlr", l_start=4, l_end=-5, gate_gain=1e-2)
+  c.model.schedule_options.update(d_forward=16, d_backward=8)
   c.optimizer.update(lr=5e-4, b2=0.99, weight_decay=0.01, warmup_frac=0.03,
                      recurrence_lr_mult=100.0)
   c.data.update(task="sft", format="auto", chat=True, packed=True, too_long="drop",
@@ -43,7 +43,8 @@ def get_config(variant: str = ""):
   c.mesh.update(data=1, fsdp=-1, tensor=1)
   if variant == "tiny":
     c.model.update(dtype="float32", remat="none", max_seq_len=256, attention="xla")
-    c.model.recurrence.update(l_start=1, l_end=-2, d_forward=4, d_backward=2)
+    c.model.recurrence.update(l_start=1, l_end=-2)
+    c.model.schedule_options.update(d_forward=4, d_backward=2)
     c.data.update(eval_limit=8, eval_batch_size=8, chat=False)
     c.train.update(num_steps=4, batch_size=8, seq_len=128, eval_every=4, checkpoint_every=4,
                    log_every=1, async_checkpointing=False)

@@ -25,8 +25,9 @@ def get_config(variant: str = ""):
   c = base_config()
   c.name = "s5_retrieval"
   c.data.task = "s5_retrieval"
-  r = c.model.recurrence
-  r.type, r.l_start, r.l_end, r.d_forward, r.d_backward = "t2mlr", 1, -2, 16, 4
+  r, o = c.model.recurrence, c.model.schedule_options
+  r.type, r.l_start, r.l_end = "t2mlr", 1, -2
+  o.d_forward, o.d_backward = 16, 4
   c.optimizer.update(lr=5e-4, b2=0.95, weight_decay=0.01, warmup_frac=0.05)
   if variant == "paper":
     c.model.update(vocab_size=188, d_model=384, n_layers=6, n_heads=6, d_ff=1536,
@@ -40,7 +41,8 @@ def get_config(variant: str = ""):
     c.model.update(vocab_size=188, d_model=32, n_layers=3, n_heads=2, d_ff=64,
                    max_seq_len=128, tie_embeddings=False)
     c.model.rope_theta = None
-    r.update(l_start=1, l_end=1, d_forward=4, d_backward=2)
+    r.update(l_start=1, l_end=1)
+    o.update(d_forward=4, d_backward=2)
     c.data.update(group="S3", min_actions=1, max_actions=4, eval_lengths="2,6",
                   eval_examples_per_length=4, eval_batch_size=8)
     c.train.update(num_steps=6, batch_size=8, seq_len=48, eval_every=6, checkpoint_every=3,
@@ -53,7 +55,8 @@ def get_config(variant: str = ""):
     c.model.rope_theta = None
     # D_f = the longest training sequence: Jacobi then trains on exact caches. With
     # D_f = 8 the same model reached only 0.22 / 0.02 sequence accuracy at 24 / 32.
-    r.update(l_start=1, l_end=2, d_forward=16, d_backward=4)
+    r.update(l_start=1, l_end=2)
+    o.update(d_forward=16, d_backward=4)
     c.optimizer.update(lr=3e-3, b2=0.98)
     c.data.update(group="S3", min_actions=1, max_actions=16, curriculum_start=2,
                   curriculum_steps=500, eval_lengths="4,8,16,24,32,40,48",
@@ -74,7 +77,8 @@ def get_config(variant: str = ""):
     c.model.update(vocab_size=188, d_model=64, n_layers=4, n_heads=4, d_ff=256,
                    max_seq_len=512, tie_embeddings=False)
     c.model.rope_theta = None
-    r.update(l_start=1, l_end=2, d_forward=17, d_backward=4)
+    r.update(l_start=1, l_end=2)
+    o.update(d_forward=17, d_backward=4)
     c.optimizer.update(lr=3e-3, b2=0.98)
     c.data.update(group="S3", group_curriculum="Z2+S3:2000", value_len=1, min_actions=1,
                   max_actions=8, curriculum_start=2, curriculum_steps=1000,
@@ -88,7 +92,7 @@ def get_config(variant: str = ""):
     v = VALUE_VARIANTS[variant]
     c = get_config("")
     c.data.value_len = v
-    c.model.recurrence.d_forward = 8 * (1 + v) + 1
+    c.model.schedule_options.d_forward = 8 * (1 + v) + 1
     c.train.seq_len = _fitting_seq_len(c)
   elif variant == "v2_staged":
     # v2 with its values staged as the Z2 stage stages the dictionary: one character up to

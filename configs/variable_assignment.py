@@ -19,8 +19,9 @@ def get_config(variant: str = ""):
   c.name = "variable_assignment"
   c.data.task = "variable_assignment"
   c.data.update(va_depth=2, eval_examples_per_length=256, eval_batch_size=64)
-  r = c.model.recurrence
-  r.update(type="t2mlr", l_start=1, l_end=-2, d_forward=8, d_backward=4)
+  r, o = c.model.recurrence, c.model.schedule_options
+  r.update(type="t2mlr", l_start=1, l_end=-2)
+  o.update(d_forward=8, d_backward=4)
   c.model.update(vocab_size=VOCAB_SIZE, d_model=64, n_layers=4, n_heads=4, d_ff=256,
                  max_seq_len=256)
   c.optimizer.update(lr=1e-3, b2=0.99, weight_decay=0.01, warmup_frac=0.05)
@@ -28,7 +29,8 @@ def get_config(variant: str = ""):
                  checkpoint_every=500, log_every=50)
   if variant == "tiny":
     c.model.update(d_model=32, n_layers=3, n_heads=2, d_ff=64)
-    r.update(l_start=1, l_end=1, d_forward=2, d_backward=1)
+    r.update(l_start=1, l_end=1)
+    o.update(d_forward=2, d_backward=1)
     c.data.update(eval_examples_per_length=8, eval_batch_size=8)
     c.train.update(num_steps=3, batch_size=8, eval_every=3, checkpoint_every=3, log_every=1,
                    async_checkpointing=False)

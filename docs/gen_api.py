@@ -33,12 +33,19 @@ OUTPUT = os.path.join(ROOT, "docs", "api.md")
 # (module, names or None, one-line note). None: the module's `__all__` if it has one, else
 # every public (no leading `_`) function and class defined in the module itself.
 MODULES = (
-    ("t2mlr_jax", ("ModelConfig", "T2MLRConfig", "LRTConfig", "RopeScaling", "init_params",
-                   "forward", "loss", "generate", "stream", "mode_names", "RecurrenceType",
-                   "register_recurrence", "Schedule", "register_schedule"),
+    ("t2mlr_jax", ("ModelConfig", "T2MLRConfig", "LRTConfig", "ScheduleOptions", "RopeScaling",
+                   "init_params", "forward", "loss", "generate", "stream", "mode_names",
+                   "RecurrenceType", "register_recurrence", "Schedule", "register_schedule"),
      "the top-level API (`t2mlr_jax.__all__`)"),
     ("t2mlr_jax.registry", None, "the extension points: recurrence types and schedules, "
      "`--user_module`"),
+    ("t2mlr_jax.config", None, "the model config, the base of the recurrence configs, the "
+     "schedules' options"),
+    ("t2mlr_jax.model.schedules.jacobi", ("JacobiOptions",), "the Jacobi schedule's options"),
+    ("t2mlr_jax.model.schedules.interleaved", ("PassOptions",), "the interleaved and chunked "
+     "schedules' options"),
+    ("t2mlr_jax.model.schedules.multi_refine", ("RefineOptions",), "the multi-refine "
+     "schedule's options"),
     ("t2mlr_jax.checkpoint", None, "the loader of training checkpoints and parameter "
      "exports"),
     ("t2mlr_jax.train.checkpointer", None, "a training run's Orbax checkpoints (save, "

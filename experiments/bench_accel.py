@@ -293,7 +293,7 @@ def main():
 
   import jax
 
-  from t2mlr_jax import ModelConfig, T2MLRConfig
+  from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig
   on_cpu = jax.devices()[0].platform == "cpu"
   if on_cpu and not args.allow_cpu:
     p.error("no accelerator found (pass --allow-cpu to check the script at toy size)")
@@ -319,8 +319,8 @@ def main():
     results["shapes"][shape] = row
     print(shape, row, flush=True)
   # LRT (layerwise, interleaved S = 2) on nanochat's d12 backbone against that backbone
-  from t2mlr_jax.config import LRTConfig
-  lrt = ModelConfig.preset("nanochat-d12", dtype="bfloat16", recurrence=LRTConfig(passes=2))
+  lrt = ModelConfig.preset("nanochat-d12", dtype="bfloat16", recurrence=LRTConfig(),
+                           schedule_options=dict(passes=2))
   batch, seq_len = args.batch, args.seq_len
   if on_cpu:
     lrt = lrt.replace(n_layers=4, d_model=128, n_heads=2, n_kv_heads=2, head_dim=64,

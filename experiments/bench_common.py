@@ -29,10 +29,18 @@ def git_commit() -> str:
 
 
 def apply_overrides(config, overrides: dict, what: str):
-  """Set dotted fields ("model.recurrence.d_forward": 8) of an ml_collections config, as
-  --config.<field>= flags do (ml_collections' own flattened update, which would skip an
-  unknown field silently: one the config lacks is an error naming `what`)."""
+  """Set dotted fields ("model.schedule_options.d_forward": 8) of an ml_collections
+  config, as --config.<field>= flags do (ml_collections' own flattened update, which
+  would skip an unknown field silently: one the config lacks is an error naming `what`).
+  A record's "model.recurrence.<option>" (written before the schedules' options moved to
+  `model.schedule_options`) sets the option there."""
+  # here, not at the top: scripts import this module before jax is configured
+  from t2mlr_jax.registry import schedule_option_defaults
   flat = {".".join(k): v for k, v in _flat_keys(config.to_dict())}
+  moved = {f"model.recurrence.{k}": f"model.schedule_options.{k}"
+           for k in schedule_option_defaults()}
+  overrides = {moved[k] if k in moved and k not in flat else k: v
+               for k, v in overrides.items()}
   missing = sorted(set(overrides) - set(flat))
   if missing:
     raise SystemExit(f"{what}: {missing[0]} is not a config field")

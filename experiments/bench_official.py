@@ -146,9 +146,9 @@ def main():
 
   torch.set_num_threads(args.threads)
   torch.manual_seed(args.seed)
-  rec = T2MLRConfig(l_start=L_START, l_end=L_END, d_forward=args.d_forward,
-                    d_backward=args.d_backward, jacobi_tol=None)
-  preset = ModelConfig.preset(SHAPE, recurrence=rec)
+  rec = T2MLRConfig(l_start=L_START, l_end=L_END)
+  options = dict(d_forward=args.d_forward, d_backward=args.d_backward, jacobi_tol=None)
+  preset = ModelConfig.preset(SHAPE, recurrence=rec, schedule_options=options)
   print("preset:", preset, flush=True)
 
   # ---- the official model, random init, γ set
@@ -176,7 +176,7 @@ def main():
   # ---- the same weights on our side
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
   cfg, params = from_official(sd, {**hf_dict}, l_start=L_START, l_end=L_END,
-                              d_forward=args.d_forward, d_backward=args.d_backward)
+                              schedule_options=options)
   diff = {k: (getattr(cfg, k), getattr(preset, k)) for k in preset.__dataclass_fields__
           if getattr(cfg, k) != getattr(preset, k)}
   if diff:

@@ -149,12 +149,17 @@ def part_lrt_compile(shape):
           "multi_refine_K3": sec(cfg, "multi_refine", refine_passes=3)}
 
 
-def build(shape: str, **rec_kw):
+def build(shape: str, **kw):
+  """(cfg, B, T) of a T2MLR shape; `kw`: T2MLRConfig fields and schedule options."""
   from t2mlr_jax import ModelConfig, T2MLRConfig
+  from t2mlr_jax.registry import schedule_option_defaults
   base, l_start, l_end, B, T = SHAPES[shape]
-  rec = T2MLRConfig(l_start=l_start, l_end=l_end, **rec_kw)
-  cfg = (ModelConfig.preset(base, recurrence=rec) if isinstance(base, str)
-         else ModelConfig(**base, recurrence=rec))
+  options = {k: v for k, v in kw.items() if k in schedule_option_defaults()}
+  rec = T2MLRConfig(l_start=l_start, l_end=l_end,
+                    **{k: v for k, v in kw.items() if k not in options})
+  cfg = (ModelConfig.preset(base, recurrence=rec, schedule_options=options)
+         if isinstance(base, str) else ModelConfig(**base, recurrence=rec,
+                                                   schedule_options=options))
   return cfg, B, T
 
 
@@ -179,7 +184,7 @@ def compare_steps(cfg, params, batch, repeats, tol):
   on the same batch (tokens[, labels]), alternated: medians, sweeps run, losses."""
   import jax
   base_params = {k: v for k, v in params.items() if k != "recurrence"}
-  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=tol))
+  tol_cfg = cfg.replace(schedule_options=cfg.schedule_options.replace(jacobi_tol=tol))
   fns = {"baseline": (loss_and_grad(cfg.replace(recurrence=None), "parallel"), base_params),
          "jacobi_fixed": (loss_and_grad(cfg, "jacobi"), params),
          "jacobi_tol": (loss_and_grad(tol_cfg, "jacobi"), params)}
@@ -190,9 +195,9 @@ def compare_steps(cfg, params, batch, repeats, tol):
   med = {k: bc.median(v) for k, v in times.items()}
   (l_fixed, aux_fixed), _ = outs["jacobi_fixed"]
   (l_tol, aux_tol), _ = outs["jacobi_tol"]
-  rc = cfg.recurrence
+  rc, opts = cfg.recurrence, cfg.schedule_options
   return {"jacobi_tol": tol, "residual": rc.residual,
-          "d_forward": rc.d_forward, "d_backward": rc.d_backward,
+          "d_forward": opts.d_forward, "d_backward": opts.d_backward,
           "ms_per_step": {k: round(v * 1e3, 1) for k, v in med.items()},
           "ratio_to_baseline": {k: round(v / med["baseline"], 3) for k, v in med.items()},
           "sweeps": {"fixed": int(aux_fixed["jacobi_sweeps"]),
@@ -318,9 +323,8 @@ def part_loss_memory(T=4096, chunks=(1024, 512, 256)):
               max_seq_len=T, tie_embeddings=True)
   out = {"T": T, "batch": 1, "vocab": 49152, "logits_bytes": T * 49152 * 4, "models": {}}
   for name, rec, mode in (("plain", None, "parallel"),
-                          ("t2mlr", T2MLRConfig(l_start=1, l_end=1, d_forward=4,
-                                                d_backward=2), "jacobi")):
-    cfg = ModelConfig(**base, recurrence=rec)
+                          ("t2mlr", T2MLRConfig(l_start=1, l_end=1), "jacobi")):
+    cfg = ModelConfig(**base, recurrence=rec, schedule_options=dict(d_forward=4, d_backward=2))
     params = jax.eval_shape(lambda: t2mlr_jax.init_params(cfg, jax.random.PRNGKey(0)))
     tokens = jax.ShapeDtypeStruct((1, T), np.int32)
     row = {}

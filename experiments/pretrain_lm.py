@@ -41,7 +41,8 @@ RESULTS = os.path.join(ROOT, "experiments", "results")
 # too, so it gets nanochat's unembedding LR (0.004) rather than the embedding's 0.2.
 _MUON = {"optimizer.name": "muon", "optimizer.embedding_lr": 0.004}
 _MUON_LRT = {**_MUON, "optimizer.matrix_lr": 0.01}     # the `lrt` variant's: its sweep's best
-_T2MLR = lambda d_f, d_b: {"model.recurrence.d_forward": d_f, "model.recurrence.d_backward": d_b}
+_T2MLR = lambda d_f, d_b: {"model.schedule_options.d_forward": d_f,
+                           "model.schedule_options.d_backward": d_b}
 # name -> (configs/lm_gutenberg.py variant, config overrides)
 ARMS = {
     "transformer": ("transformer", {}),
@@ -70,7 +71,7 @@ ARMS = {
     "t2mlr_4_2": ("t2mlr", _T2MLR(4, 2)),
     "t2mlr_2_1": ("t2mlr", _T2MLR(2, 1)),
     "t2mlr_muon": ("t2mlr", _MUON_LRT),
-    "t2mlr_tol": ("t2mlr", {**_T2MLR(16, 4), "model.recurrence.jacobi_tol": 1e-2}),
+    "t2mlr_tol": ("t2mlr", {**_T2MLR(16, 4), "model.schedule_options.jacobi_tol": 1e-2}),
 }
 DEFAULT_ARMS = ("transformer", "t2mlr", "t2mlr_all", "lrt")
 
@@ -143,6 +144,7 @@ def run_arm(name: str, steps: int, evals: int, seed: int, data: str, workdir: st
   flags = "".join(f" --config.{k}={v}" for k, v in overrides.items())
   return {"variant": variant, "overrides": overrides, "params": cfg.num_params(),
           "d_ff": cfg.d_ff, "train_mode": mode, "recurrence": config.model.recurrence.to_dict(),
+          "schedule_options": config.model.schedule_options.to_dict(),
           "optimizer": config.optimizer.name, "seed": seed,
           "steps": steps, "tokens": steps * tokens_per_step, "step_flops": step_flops,
           "flops": steps * step_flops, "flops_spent": spent,
@@ -273,7 +275,9 @@ def jacobi_table(out_dir: str = RESULTS) -> str:
     runs = [r["arms"][name] for r in seeds.values() if name in r["arms"]]
     if not runs or runs[0]["variant"] != "t2mlr":
       continue
-    rec = runs[0]["recurrence"]
+    # the schedule's options: their own key, or (records written before they moved out
+    # of the recurrence group) the recurrence's
+    rec = runs[0].get("schedule_options") or runs[0]["recurrence"]
     mean = lambda xs: sum(xs) / len(xs)
     spent = mean([a.get("flops_spent") or a["flops"] for a in runs])
     sweeps = [a.get("jacobi_sweeps_mean") for a in runs]

@@ -89,10 +89,10 @@ def run(name, placement, n_layers, block, args):
   from t2mlr_jax import ModelConfig, T2MLRConfig, forward
   from t2mlr_jax.losses import cross_entropy
 
-  rec = None if block is None else T2MLRConfig(l_start=block[0], l_end=block[1],
-                                                d_forward=4, d_backward=2)
+  rec = None if block is None else T2MLRConfig(l_start=block[0], l_end=block[1])
   cfg = ModelConfig(vocab_size=80, d_model=64, n_layers=n_layers, n_heads=4, d_ff=256,
-                    max_seq_len=64, rope_theta=10000.0, tie_embeddings=False, recurrence=rec)
+                    max_seq_len=64, rope_theta=10000.0, tie_embeddings=False, recurrence=rec,
+                    schedule_options=dict(d_forward=4, d_backward=2))
   train_mode, eval_mode = ("jacobi", "exact") if rec else ("parallel", "parallel")
   params = t2mlr_jax.init_params(cfg, jax.random.PRNGKey(args.seed))
   tx = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, args.lr, 100, args.steps,

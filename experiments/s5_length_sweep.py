@@ -39,7 +39,7 @@ MODELS = {   # name -> config module
     "lrt": "s5_retrieval_lrt",
     # LRT trained with S = T interleaved passes: exact training (the true recurrence)
     "lrt_exact": ("s5_retrieval_lrt",
-                  lambda c: c.model.recurrence.update(passes=c.train.seq_len)),
+                  lambda c: c.model.schedule_options.update(passes=c.train.seq_len)),
 }
 PRESETS = {"word": "word", "retrieval": ""}
 
@@ -87,14 +87,13 @@ def run(preset: str, models, steps, workroot: str, out_dir: str) -> dict:
         "seq_acc_by_length": final["seq_acc_by_length"], "seq_acc": final["seq_acc"],
         "eval_loss": final["loss"], "final_train_loss": read_metrics(workdir)[-1]["loss"],
     }
-    if "d_forward" in config.model.recurrence and config.model.recurrence.type == "t2mlr":
-      r = config.model.recurrence
+    r, o = config.model.recurrence, config.model.schedule_options
+    if r.type == "t2mlr":
       results[name]["recurrence"] = {"l_start": r.l_start, "l_end": r.l_end,
-                                     "d_forward": r.d_forward, "d_backward": r.d_backward}
-    elif config.model.recurrence.type == "lrt":
-      r = config.model.recurrence
+                                     "d_forward": o.d_forward, "d_backward": o.d_backward}
+    elif r.type == "lrt":
       results[name]["recurrence"] = {"type": "lrt", "train_mode": config.train.mode,
-                                     "passes": r.passes, "source_layer": r.source_layer}
+                                     "passes": o.passes, "source_layer": r.source_layer}
     print(json.dumps({name: results[name]}), flush=True)
 
   stem = _stem(preset, out_dir)

@@ -34,10 +34,10 @@ from bench_common import apply_overrides, git_commit, read_json, write_json  # n
 RESULTS = os.path.join(ROOT, "experiments", "results")
 
 # task -> (config variant, {run: (config module, lm variant, overrides)})
-_JACOBI_16_4 = {"train.mode": "jacobi", "model.recurrence.d_forward": 16,
-                "model.recurrence.d_backward": 4}
-_INTERLEAVED_2 = {"train.mode": "interleaved", "model.recurrence.passes": 2}
-_MULTI_REFINE_3 = {"train.mode": "multi_refine", "model.recurrence.refine_passes": 3}
+_JACOBI_16_4 = {"train.mode": "jacobi", "model.schedule_options.d_forward": 16,
+                "model.schedule_options.d_backward": 4}
+_INTERLEAVED_2 = {"train.mode": "interleaved", "model.schedule_options.passes": 2}
+_MULTI_REFINE_3 = {"train.mode": "multi_refine", "model.schedule_options.refine_passes": 3}
 TASKS = {
     "word": ("word", {
         "t2mlr_jacobi": ("s5_retrieval", None, _JACOBI_16_4),
@@ -50,12 +50,12 @@ TASKS = {
     # the default job trains on up to 8 actions (T = 2·8 + 1 recurrent steps): Jacobi 17/4
     "retrieval": ("", {
         "t2mlr_jacobi": ("s5_retrieval", None, {**_JACOBI_16_4,
-                                                "model.recurrence.d_forward": 17}),
+                                                "model.schedule_options.d_forward": 17}),
         "t2mlr_interleaved": ("s5_retrieval", None, _INTERLEAVED_2),
         "t2mlr_multi_refine": ("s5_retrieval", None, _MULTI_REFINE_3),
         "lrt_interleaved": ("s5_retrieval_lrt", None, _INTERLEAVED_2),
         "lrt_jacobi": ("s5_retrieval_lrt", None, {**_JACOBI_16_4,
-                                                  "model.recurrence.d_forward": 17}),
+                                                  "model.schedule_options.d_forward": 17}),
         "lrt_multi_refine": ("s5_retrieval_lrt", None, _MULTI_REFINE_3),
     }),
     "lm": ("", {

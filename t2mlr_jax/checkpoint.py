@@ -20,6 +20,7 @@ from etils import epath
 from ml_collections import config_dict
 
 from t2mlr_jax import __version__, paths, registry
+from t2mlr_jax.config import migrate_experiment_config
 from t2mlr_jax.model.api import init_model
 from t2mlr_jax.train.checkpointer import FORMAT_VERSION, Checkpointer
 
@@ -141,7 +142,7 @@ def load_config(workdir: str, step: Optional[int] = None) -> config_dict.ConfigD
     step = ckpt.latest_step() if step is None else step
     if step is None:
       raise ValueError(f"no checkpoint found under {ckpt.directory}")
-    return config_dict.ConfigDict(ckpt.read_json(step, "config"))
+    return config_dict.ConfigDict(migrate_experiment_config(ckpt.read_json(step, "config")))
   finally:
     ckpt.manager.close()
 

@@ -1,31 +1,33 @@
 """Model configuration: frozen, hashable dataclasses validated on construction.
 
 `ModelConfig` describes the backbone (Llama family, with nanochat's options); its
-`recurrence` is one of the registered recurrence types (docs/models.md; `registry.py`):
-`T2MLRConfig` (temporal middle-layer recurrence), `LRTConfig` (latent recurrent
-transformer) or a user's. All are hashable so they can be static arguments of
-`jax.jit`. `invalid` is the one helper every config in the library raises its errors
-through. Of ours it imports only the registry (a leaf), where the recurrence types'
-config classes are looked up.
+`recurrence` is the config of one registered recurrence type (docs/models.md;
+`registry.py`), a `RecurrenceConfig` kept in the type's own module (`T2MLRConfig` in
+`model/recurrence/t2mlr.py`, `LRTConfig` in `lrt.py`, a user's); its `schedule_options`
+the training schedules' options, each declared by its schedule (`ScheduleOptions`). All
+are hashable so they can be static arguments of `jax.jit`. `invalid` is the one helper
+every config in the library raises its errors through. Of ours it imports only the
+registry (a leaf), where the types and the schedules' options are looked up.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, ClassVar, Mapping, Optional
 
-from t2mlr_jax.registry import default_recurrence, recurrence_config_classes
+from t2mlr_jax.registry import (
+  SCHEDULES,
+  default_recurrence,
+  recurrence_config_classes,
+  schedule_option_defaults,
+)
 
-CACHE_NORMS = ("clipped_rms", "rmsnorm", "none")
 ROPE_SCALING_TYPES = ("llama3",)
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots")
 MLP_TYPES = ("swiglu", "relu2")
 ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")     # see model/kernels.py
 VALUE_EMBEDS = ("alternating", "every")
-LRT_PROJECTIONS = ("layerwise", "shared")
-LRT_INITS = ("official", "identity")
 FLOAT32_EPS = 1.1920929e-07     # nanochat's RMSNorm epsilon (F.rms_norm with eps=None)
 
 
@@ -76,207 +78,113 @@ class RopeScaling(_Replaceable):
 
 
 @dataclasses.dataclass(frozen=True)
-class ScheduleOptions(_Replaceable):
-  """The options of every training schedule (`model/schedules/`), carried by every
-  recurrence config so any schedule trains any type (each overridable per call).
-
-  d_forward / d_backward / jacobi_tol: Jacobi's D_f (sweep 0 + D_f−1 span sweeps), D_b
-  (the last sweeps, with gradient) and its tolerance (stop the no-gradient sweeps once
-  max|ΔR| < tol). passes: S of interleaved training (positions t ≡ p−1 mod S in pass p)
-  and the number of contiguous chunks of chunked training. kv_refresh: re-project
-  not-yet-visited positions' feedback between passes (a type whose memory enters keys and
-  values: LRT). refine_passes: K of multi-refine training (K full passes after the
-  zero-state one); refine_weights: its loss weight per pass 0..K (K+1 values; empty =
-  uniform); refine_detach: stop the gradient through the states between refine passes.
-  """
-  d_forward: int = 16           # jacobi: sweeps D_f
-  d_backward: int = 4           # jacobi: the last sweeps, with gradient, D_b
-  jacobi_tol: Optional[float] = None   # jacobi: stop sweeps once max|dR| < tol
-  passes: int = 2               # interleaved / chunked: S passes
-  kv_refresh: bool = False      # interleaved / chunked: the type's K/V refresh (LRT)
-  refine_passes: int = 3        # multi_refine: K passes after pass 0
-  refine_weights: tuple = ()    # multi_refine: loss weight per pass 0..K (empty: uniform)
-  refine_detach: bool = False   # multi_refine: no gradient between passes
-
-  def __post_init__(self):
-    if isinstance(self.d_forward, bool) or not isinstance(self.d_forward, int) \
-        or self.d_forward < 1:
-      invalid("d_forward", self.d_forward, "an integer >= 1")
-    if not 1 <= self.d_backward <= self.d_forward:
-      invalid("d_backward", self.d_backward, f"1 <= d_backward <= d_forward ({self.d_forward})")
-    if self.jacobi_tol is not None and not self.jacobi_tol > 0:
-      invalid("jacobi_tol", self.jacobi_tol, "None or a float > 0")
-    if not isinstance(self.passes, int) or self.passes < 1:
-      invalid("recurrence.passes", self.passes, "an integer >= 1 (and <= the sequence length)")
-    if not isinstance(self.refine_passes, int) or self.refine_passes < 0:
-      invalid("recurrence.refine_passes", self.refine_passes, "an integer >= 0")
-    weights = tuple(float(w) for w in (self.refine_weights or ()))
-    object.__setattr__(self, "refine_weights", weights)
-    if weights and (len(weights) != self.refine_passes + 1 or min(weights) < 0
-                    or not sum(weights) > 0):
-      invalid("recurrence.refine_weights", self.refine_weights,
-              f"empty (uniform) or refine_passes+1={self.refine_passes + 1} weights >= 0 "
-              "(passes 0..K) with a positive sum")
+class RecurrenceConfig(_Replaceable):
+  """The base of every recurrence type's config: a frozen dataclass of the type's fields,
+  kept in its own module (`model/recurrence/t2mlr.py`'s `T2MLRConfig`, `lrt.py`'s
+  `LRTConfig`, a user's file). Class attributes: `type` (the registered name),
+  `default_schedule` (train.mode "auto"), `parallel_runs_mixer` (parallel mode runs the
+  type's pathway with zero state), `replaces_value_embeds` (presets drop nanochat's
+  tables). Methods: `span(model)` (its layers), `num_params(model)`, `mixer_flops(model,
+  tokens, layers)`."""
+  type: ClassVar[str] = ""
+  default_schedule: ClassVar[str] = ""
+  parallel_runs_mixer: ClassVar[bool] = False
+  replaces_value_embeds: ClassVar[bool] = False
 
   def to_dict(self) -> dict:
-    """The fields and the type name (a recurrence config's class attribute `type`), as
-    `recurrence_from_dict` reads them back."""
+    """The fields and the type name, as `recurrence_from_dict` reads them back."""
     return {"type": type(self).type, **dataclasses.asdict(self)}
 
 
-@dataclasses.dataclass(frozen=True)
-class T2MLRConfig(ScheduleOptions):
-  """Temporal middle-layer recurrence (docs/models.md#t2mlr) and its Jacobi defaults.
+class ScheduleOptions:
+  """The training schedules' options a model config sets (`ModelConfig.schedule_options`):
+  a hashable, immutable mapping of option → value. Each option, its default and its
+  checks belong to the schedule that declares it (`registry.Schedule.options`,
+  `model/schedules/`); values are checked by every schedule declaring them. A value at
+  its default is not stored: configs that mean the same compare equal, and an option of
+  a schedule registered later reads its default. `cfg.schedule_options.d_forward`."""
 
-  l_start/l_end are 0-based and both inclusive; negative values count from the
-  end as in Python (l_end=-1 is the last layer). They are resolved against the
-  number of layers by `ModelConfig`.
-  """
-  type: ClassVar[str] = "t2mlr"
-  default_schedule: ClassVar[str] = "jacobi"     # train.mode "auto"
-  parallel_runs_mixer: ClassVar[bool] = False   # parallel mode: the plain transformer
-  replaces_value_embeds: ClassVar[bool] = False
-  l_start: int = 1             # first layer of the recurrent block (0-based)
-  l_end: int = -2              # last layer of the block (inclusive; negative from the end)
-  residual: bool = True        # cache z = o_t + R_t at recurrent positions
-  residual_detach: bool = True  # R_t under stop_gradient in that residual
-  cache_norm: str = "clipped_rms"   # "clipped_rms", "rmsnorm" or "none"
-  cache_norm_eps: float = 1e-6
-  cache_norm_clip: float = 5.0      # clipped_rms: clip of the normalised cache
-  gate_init: float = 0.5       # sigmoid gates start at this value (bias = logit)
-  gate_gain: float = 1.0       # Xavier-normal gain of f_rec/f_cur (1e-2 for retrofit)
+  __slots__ = ("_items",)
 
-  def __post_init__(self):
-    super().__post_init__()
-    if self.cache_norm not in CACHE_NORMS:
-      invalid("cache_norm", self.cache_norm, f"one of {CACHE_NORMS}")
-    if not 0.0 < self.gate_init < 1.0:
-      invalid("gate_init", self.gate_init, "a float in (0, 1)")
-    if not self.cache_norm_clip >= 1.0:
-      invalid("cache_norm_clip", self.cache_norm_clip, ">= 1")
-    if not self.cache_norm_eps > 0:
-      invalid("cache_norm_eps", self.cache_norm_eps, "> 0")
-    if not self.gate_gain > 0:
-      invalid("gate_gain", self.gate_gain, "> 0")
+  def __init__(self, values: Optional[Mapping] = None, **kw):
+    given = {**dict(values or {}), **kw}
+    defaults = schedule_option_defaults()
+    unknown = [k for k in given if k not in defaults]
+    if unknown:
+      invalid(f"schedule_options.{unknown[0]}", given[unknown[0]],
+              f"an option of a registered schedule: {', '.join(defaults) or '(none)'}")
+    resolved = {**defaults, **given}
+    checked = {}
+    for schedule in SCHEDULES.values():      # each declaring schedule checks its values
+      names = schedule.option_defaults()
+      if names and set(names) & set(given):
+        try:
+          options = schedule.options(**{k: resolved[k] for k in names})
+        except ValueError as e:
+          raise ValueError(f"schedule_options.{e}") from None
+        checked.update({k: getattr(options, k) for k in names})
+    items = {k: checked.get(k, v) for k, v in given.items()}
+    object.__setattr__(self, "_items",
+                       tuple(sorted((k, v) for k, v in items.items() if v != defaults[k])))
 
-  @property
-  def gate_bias(self) -> float:
-    """The gates' initial bias: logit(gate_init), so sigmoid(bias) = gate_init."""
-    return math.log(self.gate_init / (1.0 - self.gate_init))
+  def __setattr__(self, name, value):
+    raise AttributeError("ScheduleOptions is immutable: use .replace(**options)")
 
-  def span(self, model: "ModelConfig") -> tuple[int, int]:
-    """(first, last) layer of the recurrent span, both inclusive: l_start..l_end."""
-    L = model.n_layers
-    for name in ("l_start", "l_end"):
-      value = getattr(self, name)
-      if not -L <= value < L:
-        invalid(f"recurrence.{name}", value, f"a layer index in [{-L}, {L - 1}] for n_layers={L}")
-    start, end = self.l_start % L, self.l_end % L
-    if start > end:
-      raise ValueError(
-          f"recurrence.l_start={self.l_start} (layer {start}) is after recurrence.l_end="
-          f"{self.l_end} (layer {end}): need l_start <= l_end, both inclusive, in [0, {L - 1}]")
-    return start, end
+  def __getattr__(self, name):
+    try:
+      return self[name]
+    except KeyError:
+      raise AttributeError(f"no schedule declares an option {name!r}: allowed "
+                           f"{sorted(schedule_option_defaults())}") from None
 
-  def num_params(self, model: "ModelConfig") -> int:
-    """The fusion's W_rec and two gates (5D² + 2D), γ_rec, γ_cur, an RMSNorm scale."""
-    D = model.d_model
-    return 5 * D * D + 2 * D + 2 + (D if self.cache_norm == "rmsnorm" else 0)
+  def __getitem__(self, name):
+    for k, v in self._items:
+      if k == name:
+        return v
+    return schedule_option_defaults()[name]
 
-  def mixer_flops(self, model: "ModelConfig", tokens: int, layers=None) -> float:
-    """The fusion's matmuls, once per run of the span whatever the `layers` run: W_rec
-    (D²) and the two gates (2D·D each), 5D² multiply-adds."""
-    return float(2 * 5 * model.d_model ** 2 * tokens)
+  def keys(self):
+    """Every declared option (those at their default included)."""
+    return tuple(schedule_option_defaults())
 
+  def __iter__(self):
+    return iter(self.keys())
 
-@dataclasses.dataclass(frozen=True)
-class LRTConfig(ScheduleOptions):
-  """Latent Recurrent Transformer (docs/models.md): the previous token's normed hidden
-  state m_t fed back into every layer (residual γ_i·m, gated key/value feedback).
+  def explicit(self) -> dict:
+    """The options set away from their defaults."""
+    return dict(self._items)
 
-  source_layer: -1 = the input of the LM head (the final normed state, as the
-  release); k = the parameter-free-normed output of layer k. `residual`, `key`,
-  `value`, `value_embeds`: which feedback paths exist (the paper's ablations).
-  projection: "layerwise" (W_k, W_v per layer) or "shared" (one pair for all layers).
-  gate_channels: channels of norm(x) the triple gate reads (0 = all d_model).
-  init: "official" (the release's init_weights) or "identity" (γ = 0 and zero
-  feedback weights: a fresh model computes exactly its base transformer).
-  The schedules' options (passes, kv_refresh, refine_*, d_forward, ...): `ScheduleOptions`.
-  reset_at_segment_start: memory is zero wherever the position id is 0 (packed
-  documents, left padding); False is the release, which zeroes it only at t = 0.
-  """
-  type: ClassVar[str] = "lrt"
-  default_schedule: ClassVar[str] = "interleaved"   # train.mode "auto"
-  parallel_runs_mixer: ClassVar[bool] = True        # parallel mode: the full pass, m = 0
-  replaces_value_embeds: ClassVar[bool] = True      # presets drop nanochat's tables
-  source_layer: int = -1
-  residual: bool = True
-  key: bool = True
-  value: bool = True
-  value_embeds: bool = True
-  projection: str = "layerwise"
-  gate_channels: int = 32
-  init: str = "official"
-  reset_at_segment_start: bool = True
+  def replace(self, **options) -> "ScheduleOptions":
+    """A copy with the given options changed, checked again."""
+    return ScheduleOptions({**self.explicit(), **options})
 
-  def __post_init__(self):
-    super().__post_init__()
-    if self.projection not in LRT_PROJECTIONS:
-      invalid("recurrence.projection", self.projection, f"one of {LRT_PROJECTIONS}")
-    if self.init not in LRT_INITS:
-      invalid("recurrence.init", self.init, f"one of {LRT_INITS}")
-    if not isinstance(self.gate_channels, int) or self.gate_channels < 0:
-      invalid("recurrence.gate_channels", self.gate_channels, "an integer >= 0 (0 = d_model)")
-    if not (self.residual or self.key or self.value or self.value_embeds):
-      invalid("recurrence.residual/key/value/value_embeds", False,
-              "at least one feedback path on")
+  def to_dict(self) -> dict:
+    """Every declared option with its value (what checkpoints record)."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in
+            ((k, self[k]) for k in self.keys())}
 
-  def source_index(self, model: "ModelConfig") -> int:
-    """The memory's source layer as a non-negative index (n_layers-1 for -1: the final
-    normed state)."""
-    L = model.n_layers
-    if not -L <= self.source_layer < L:
-      invalid("recurrence.source_layer", self.source_layer,
-              f"-1 (the LM head's input) or a layer index in [{-L}, {L - 1}] for n_layers={L}")
-    if self.gate_channels > model.d_model:
-      invalid("recurrence.gate_channels", self.gate_channels, f"0..d_model={model.d_model}")
-    return self.source_layer % L
+  def __eq__(self, other):
+    return isinstance(other, ScheduleOptions) and self._items == other._items
 
-  def span(self, model: "ModelConfig") -> tuple[int, int]:
-    """(first, last) layer of the recurrent span: 0..source layer (memory enters every
-    layer; the span ends where it is read)."""
-    source = self.source_index(model)
-    if model.value_embeds is not None:
-      invalid("value_embeds", model.value_embeds, "None with an LRT recurrence (LRT carries "
-              "its own per-layer value embeddings: recurrence.value_embeds)")
-    return 0, source
+  def __hash__(self):
+    return hash(self._items)
 
-  def num_params(self, model: "ModelConfig") -> int:
-    """Per layer: γ, the triple gate, value embeddings; W_k / W_v per layer or shared."""
-    D, L, V = model.d_model, model.n_layers, model.padded_vocab
-    kv = model.n_kv_heads * model.head_dim
-    C = self.gate_channels or D
-    proj = D * kv * (int(self.key) + int(self.value))
-    return (L * (int(self.residual) + C * 3 * model.n_kv_heads + (V * kv if self.value_embeds
-                                                                    else 0))
-            + proj * (L if self.projection == "layerwise" else 1))
+  def __repr__(self):
+    return "ScheduleOptions(" + ", ".join(f"{k}={v!r}" for k, v in self._items) + ")"
 
-  def mixer_flops(self, model: "ModelConfig", tokens: int, layers=None) -> float:
-    """In each of the `layers` run (default all): W_k and W_v (D·N_kv·K each, when on) and
-    the triple gate (C·3·N_kv)."""
-    kv = model.n_kv_heads * model.head_dim
-    gate = (self.gate_channels or model.d_model) * 3 * model.n_kv_heads
-    per_layer = (int(self.key) + int(self.value)) * model.d_model * kv + gate
-    n = model.n_layers if layers is None else layers
-    return float(2 * n * per_layer * tokens)
+  def __reduce__(self):
+    return (ScheduleOptions, (self.explicit(),))
+
+  def __deepcopy__(self, memo):
+    return self
 
 
-RecurrenceConfig = Union[T2MLRConfig, LRTConfig]    # the built-ins; any registered type's config
 
 
 def recurrence_from_dict(d: dict) -> RecurrenceConfig:
   """A recurrence config from its dict; `type` defaults to "t2mlr" (exports written
-  before LRT existed carry no tag). An option of another type is named as such."""
+  before LRT existed carry no tag). An option of another type is named as such, a
+  schedule's option as moved to `schedule_options`."""
   d = dict(d)
   kind = d.pop("type", None) or default_recurrence().name
   classes = recurrence_config_classes()
@@ -285,6 +193,10 @@ def recurrence_from_dict(d: dict) -> RecurrenceConfig:
   cls = classes[kind]
   names = {f.name for f in dataclasses.fields(cls)}
   for key in d:
+    if key not in names and key in schedule_option_defaults():
+      raise ValueError(f"recurrence.{key} is a training schedule's option, not a field of "
+                       f"{cls.__name__}: set schedule_options.{key} (in an experiment "
+                       f"config, model.schedule_options.{key})")
     if key not in names:
       owner = [t for t, c in classes.items()
                if t != kind and key in {f.name for f in dataclasses.fields(c)}]
@@ -292,6 +204,32 @@ def recurrence_from_dict(d: dict) -> RecurrenceConfig:
       raise ValueError(f"recurrence.{key} is {what}, not one of {kind}'s: allowed fields of "
                        f"{cls.__name__} are {sorted(names)}")
   return cls(**d)
+
+
+def split_schedule_options(recurrence: dict) -> tuple[dict, dict]:
+  """(the recurrence's own fields, the schedule options) of a recurrence dict stored before
+  the options moved to their schedules (checkpoint metadata, exports): keys that are not
+  fields of the type but options of a registered schedule are the latter."""
+  classes = recurrence_config_classes()
+  cls = classes.get(recurrence.get("type") or default_recurrence().name)
+  fields = {f.name for f in dataclasses.fields(cls)} if cls is not None else set()
+  declared = schedule_option_defaults()
+  moved = {k: v for k, v in recurrence.items() if k not in fields and k in declared}
+  return {k: v for k, v in recurrence.items() if k not in moved}, moved
+
+
+def migrate_experiment_config(saved: dict) -> dict:
+  """An experiment config as saved before the schedules' options moved out of
+  `model.recurrence` (checkpoints' `config` item), with them under
+  `model.schedule_options`; a config saved since is returned as it is."""
+  model = saved.get("model")
+  if not isinstance(model, dict) or not isinstance(model.get("recurrence"), dict):
+    return saved
+  fields, moved = split_schedule_options(model["recurrence"])
+  if not moved:
+    return saved
+  options = {**moved, **(model.get("schedule_options") or {})}
+  return {**saved, "model": {**model, "recurrence": fields, "schedule_options": options}}
 
 
 # Shapes from the models' public config.json files (docs/models.md#backbone-and-presets).
@@ -387,6 +325,7 @@ class ModelConfig(_Replaceable):
   rope_table_dtype: str = "float32"
   attention: str = "xla"                # "xla", "cudnn" (GPU), "splash" (TPU) or "auto"
   recurrence: Optional[RecurrenceConfig] = None
+  schedule_options: ScheduleOptions = ScheduleOptions()   # the training schedules' options
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
@@ -429,8 +368,18 @@ class ModelConfig(_Replaceable):
     if self.value_embeds is not None and (not isinstance(self.ve_gate_channels, int)
                                           or not 0 <= self.ve_gate_channels <= self.d_model):
       invalid("ve_gate_channels", self.ve_gate_channels, f"an integer in [0, d_model={self.d_model}]")
-    if isinstance(self.recurrence, dict):
-      object.__setattr__(self, "recurrence", recurrence_from_dict(self.recurrence))
+    options = self.schedule_options
+    if isinstance(self.recurrence, dict):       # stored metadata: options may sit in it
+      fields, moved = split_schedule_options(self.recurrence)
+      object.__setattr__(self, "recurrence", recurrence_from_dict(fields))
+      if moved:
+        given = options.explicit() if isinstance(options, ScheduleOptions) else dict(options)
+        options = {**moved, **given}
+    if not isinstance(options, ScheduleOptions):
+      if not isinstance(options, Mapping):
+        invalid("schedule_options", options, "a ScheduleOptions or a dict of options")
+      options = ScheduleOptions(options)
+    object.__setattr__(self, "schedule_options", options)
     if self.recurrence is not None:
       classes = recurrence_config_classes()
       if not isinstance(self.recurrence, tuple(classes.values())):
@@ -480,10 +429,12 @@ class ModelConfig(_Replaceable):
     return -(-self.vocab_size // m) * m
 
   def to_dict(self) -> dict:
-    """The fields as a plain dict, the recurrence with its type (JSON-ready)."""
+    """The fields as a plain dict, the recurrence with its type, every schedule option
+  (JSON-ready)."""
     d = dataclasses.asdict(self)
     if self.recurrence is not None:
       d["recurrence"] = self.recurrence.to_dict()
+    d["schedule_options"] = self.schedule_options.to_dict()
     return d
 
   @property

@@ -102,7 +102,7 @@ def _schedule_flops(cfg, batch, seq_len, mode, sweeps, overrides) -> tuple[float
   `flops` declaration over this model's pass costs, at the config's options (or those
   given)."""
   schedule = SCHEDULES.get(mode)
-  options = {k: getattr(cfg.recurrence, k) for k in schedule.options}
+  options = {k: cfg.schedule_options[k] for k in schedule.option_defaults()}
   options.update({k: v for k, v in overrides.items() if v is not None and k in options})
   return schedule.flops(pass_costs(cfg, batch, seq_len), options, sweeps)
 

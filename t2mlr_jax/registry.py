@@ -24,9 +24,10 @@ T = TypeVar("T")
 class Registry(Generic[T]):
   """Named entries of one extension point, in registration order."""
 
-  def __init__(self, what: str, field: str):
+  def __init__(self, what: str, field: str, check: Optional[Callable] = None):
     self.what = what          # what an entry is, for messages ("recurrence type")
     self.field = field        # the config field that names one ("recurrence.type")
+    self.check = check        # (entry, the other entries) -> None; raises on a clash
     self._entries: dict[str, T] = {}
 
   def register(self, entry: T) -> T:
@@ -39,6 +40,8 @@ class Registry(Generic[T]):
     if old is not None and old is not entry and old != entry:
       raise ValueError(f"{self.what} {name!r} is already registered (by "
                        f"{getattr(old, 'source', '?')}); choose another name")
+    if self.check is not None:
+      self.check(entry, [e for n, e in self._entries.items() if n != name])
     self._entries[name] = entry
     return entry
 
@@ -140,12 +143,19 @@ class Schedule:
   """One training schedule: a parallel approximation of the sequential recurrence.
 
   run(params, cfg, tokens, inp, options, hidden) -> ModeOut (`model/sequence.py`).
-  options: the recurrence-config fields it reads (each overridable per call).
+  options: the frozen dataclass of its options (None: it has none): each field an
+  option with its default, its __post_init__ the checks of their values. A model config
+  sets them in `schedule_options` (`config.ScheduleOptions`); each is overridable per
+  call. Schedules may share an option (interleaved and chunked: `passes`) when they
+  declare it with the same default.
   flops(costs, options, sweeps) -> (forward FLOPs, FLOPs of the part with gradient):
   its cost from `flops.PassCosts` (the model's pass pieces); `sweeps` is the number of
   sweeps or passes a step actually ran, when the trainer logged it (else None).
   hidden: it can return hidden states instead of logits (a chunked loss).
-  check_options(rcfg, given) -> given: checks and normalises options given per call.
+  check_options(values, given) -> values: reconciles the options given per call with the
+  config's (Jacobi: D_b clamped to a D_f given alone); None: given values win as they are.
+  check_run(cfg, options, T) -> None: checks of the options against the model and the
+  sequence length, before anything is traced (S <= T; a hook the type must have).
   sweeps_metric: the aux metric holding the sweeps a step ran (its FLOPs vary with it).
   pass_loss(pass_logits, labels, options, totals) -> (loss, per-pass losses): how the
   passes' losses are weighted, for a schedule whose aux returns `pass_logits`.
@@ -157,14 +167,27 @@ class Schedule:
   name: str                    # what `mode=` and train.mode call it
   run: Callable                # (params, cfg, tokens, inp, options, hidden) -> ModeOut
   flops: Callable              # (costs, options, sweeps) -> (forward, with gradient)
-  options: tuple = ()          # recurrence-config fields it reads
+  options: Optional[type] = None   # its options' frozen dataclass (fields = defaults)
   hidden: bool = False         # can return hidden states (a chunked loss)
-  check_options: Optional[Callable] = None   # (rcfg, given) -> given
+  check_options: Optional[Callable] = None   # (values, given) -> values
+  check_run: Optional[Callable] = None       # (cfg, options, T) -> None
   sweeps_metric: Optional[str] = None        # aux metric: sweeps a step ran
   pass_loss: Optional[Callable] = None       # weighting of its passes' losses
   token_totals: Optional[Callable] = None    # per-pass supervised-token counts
   prefill: Optional[Callable] = None         # a parallel exact prefill, generate(prefill=)
   source: str = ""             # the module that registered it
+
+  def __post_init__(self):
+    if self.options is not None and not dataclasses.is_dataclass(self.options):
+      raise ValueError(f"schedule {self.name!r}: options={self.options!r} is invalid: "
+                       "allowed None or a frozen dataclass whose fields are its options")
+
+  def option_defaults(self) -> dict:
+    """{option: default} of its options dataclass ({} without one)."""
+    if self.options is None:
+      return {}
+    return {f.name: (f.default if f.default is not dataclasses.MISSING
+                     else f.default_factory()) for f in dataclasses.fields(self.options)}
 
 
 def _same(cfg, devices=None):
@@ -200,9 +223,28 @@ class ModelFamily:
   source: str = ""             # the module that registered it
 
 
+def _same_option_defaults(entry: Schedule, others) -> None:
+  """Two schedules may share an option only with the same default (one config field)."""
+  mine = entry.option_defaults()
+  for other in others:
+    for name, default in other.option_defaults().items():
+      if name in mine and mine[name] != default:
+        raise ValueError(f"schedule {entry.name!r} declares option {name}={mine[name]!r}, "
+                         f"but {other.name!r} ({other.source}) declares it with default "
+                         f"{default!r}: share it with the same default or choose another name")
+
+
 RECURRENCES: Registry[RecurrenceType] = Registry("recurrence type", "recurrence.type")
 FAMILIES: Registry[ModelFamily] = Registry("model family", "model.arch")
-SCHEDULES: Registry[Schedule] = Registry("schedule", "mode")
+SCHEDULES: Registry[Schedule] = Registry("schedule", "mode", check=_same_option_defaults)
+
+
+def schedule_option_defaults() -> dict:
+  """{option: default} of every registered schedule's options, in registration order."""
+  out = {}
+  for schedule in SCHEDULES.values():
+    out.update(schedule.option_defaults())
+  return out
 
 # The files given with --user_module, in the order they were imported (checkpoints record
 # them so a run that needs one can say so).

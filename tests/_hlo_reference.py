@@ -35,10 +35,11 @@ BASE = dict(vocab_size=40, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, d_ff
             max_seq_len=64)
 CONFIGS = {
     "plain": (ModelConfig(**BASE), "parallel"),
-    "jacobi_16_4": (ModelConfig(**BASE, recurrence=T2MLRConfig(l_start=1, l_end=2,
-                                                               d_forward=16, d_backward=4)),
+    "jacobi_16_4": (ModelConfig(**BASE, recurrence=T2MLRConfig(l_start=1, l_end=2),
+                                schedule_options=dict(d_forward=16, d_backward=4)),
                     "jacobi"),
-    "interleaved_2": (ModelConfig(**BASE, recurrence=LRTConfig(passes=2, gate_channels=16)),
+    "interleaved_2": (ModelConfig(**BASE, recurrence=LRTConfig(gate_channels=16),
+                                  schedule_options=dict(passes=2)),
                       "interleaved"),
 }
 DECODERS = ("jacobi_16_4", "interleaved_2")

@@ -55,12 +55,13 @@ def configs():
   base = dict(vocab_size=37, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=64,
               max_seq_len=64, rope_theta=10000.0)
   return {
-      "residual": ModelConfig(**base, recurrence=T2MLRConfig(l_start=1, l_end=2, d_forward=4,
-                                                             d_backward=2)),
+      "residual": ModelConfig(**base, recurrence=T2MLRConfig(l_start=1, l_end=2),
+                              schedule_options=dict(d_forward=4, d_backward=2)),
       "raw_nope": ModelConfig(**{**base, "rope_theta": None}, recurrence=T2MLRConfig(
-          l_start=0, l_end=-2, residual=False, d_forward=5, d_backward=2)),
+          l_start=0, l_end=-2, residual=False), schedule_options=dict(d_forward=5, d_backward=2)),
       "remat": ModelConfig(**base, remat="full", recurrence=T2MLRConfig(
-          l_start=1, l_end=-1, cache_norm="rmsnorm", d_forward=6, d_backward=3)),
+          l_start=1, l_end=-1, cache_norm="rmsnorm"),
+          schedule_options=dict(d_forward=6, d_backward=3)),
   }
 
 
@@ -74,11 +75,13 @@ def lrt_configs():
                   logit_softcap=15.0, resid_lambdas=True, x0_lambdas=True,
                   window_pattern="SL", window_short=4, tie_embeddings=False)
   return {
-      "lrt_layerwise": ModelConfig(**base, recurrence=LRTConfig(
-          source_layer=-1, passes=2, gate_channels=16, refine_passes=2)),
-      "lrt_shared_nanochat": ModelConfig(**base, **nanochat, recurrence=LRTConfig(
-          source_layer=1, projection="shared", passes=3, kv_refresh=True, gate_channels=8,
-          refine_passes=3, refine_weights=(1.0, 0.5, 0.5, 2.0))),
+      "lrt_layerwise": ModelConfig(**base, recurrence=LRTConfig(source_layer=-1, gate_channels=16),
+                                   schedule_options=dict(passes=2, refine_passes=2)),
+      "lrt_shared_nanochat": ModelConfig(
+          **base, **nanochat,
+          recurrence=LRTConfig(source_layer=1, projection="shared", gate_channels=8),
+          schedule_options=dict(passes=3, kv_refresh=True, refine_passes=3,
+                                refine_weights=(1.0, 0.5, 0.5, 2.0))),
   }
 
 

@@ -11,7 +11,11 @@ from t2mlr_jax import ModelConfig, T2MLRConfig, init_params
 
 
 def tiny_cfg(l_start=1, l_end=2, n_layers=4, **kw) -> ModelConfig:
-  rec = kw.pop("recurrence", T2MLRConfig(l_start=l_start, l_end=l_end, d_forward=4, d_backward=2))
+  """A 4-layer test model; without a `recurrence`, T2MLR over l_start..l_end with Jacobi
+  4 / 2."""
+  if "recurrence" not in kw:
+    kw.setdefault("schedule_options", dict(d_forward=4, d_backward=2))
+  rec = kw.pop("recurrence", T2MLRConfig(l_start=l_start, l_end=l_end))
   base = dict(vocab_size=37, d_model=32, n_layers=n_layers, n_heads=4, n_kv_heads=2,
               d_ff=64, max_seq_len=64, rope_theta=10000.0, recurrence=rec)
   return ModelConfig(**{**base, **kw})

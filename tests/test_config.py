@@ -42,11 +42,12 @@ def test_num_params_matches_tree():
     (lambda: tiny_cfg(l_start=3, l_end=1), "l_start"),
     (lambda: tiny_cfg(l_start=0, l_end=4), "l_end"),
     (lambda: tiny_cfg(l_start=-5, l_end=1), "l_start"),
-    (lambda: T2MLRConfig(d_forward=2, d_backward=3), "d_backward"),
-    (lambda: T2MLRConfig(d_forward=0), "d_forward"),
+    (lambda: tiny_cfg(schedule_options=dict(d_forward=2, d_backward=3)), "d_backward"),
+    (lambda: tiny_cfg(schedule_options=dict(d_forward=0)), "d_forward"),
+    (lambda: tiny_cfg(schedule_options=dict(d_forwards=8)), "d_forwards"),
     (lambda: T2MLRConfig(cache_norm="layernorm"), "cache_norm"),
     (lambda: T2MLRConfig(gate_init=1.0), "gate_init"),
-    (lambda: T2MLRConfig(jacobi_tol=0.0), "jacobi_tol"),
+    (lambda: tiny_cfg(schedule_options=dict(jacobi_tol=0.0)), "jacobi_tol"),
     (lambda: tiny_cfg(n_kv_heads=3), "n_kv_heads"),
     (lambda: tiny_cfg(dtype="float16"), "dtype"),
     (lambda: tiny_cfg(n_layers=0), "n_layers"),
@@ -116,14 +117,17 @@ def test_the_public_loader_does_not_import_the_trainer():
 def test_configs_saved_before_one_config_system_still_resume():
   """Checkpoints record the experiment config as JSON; those written before the model
   group was built from ModelConfig's fields and the recurrence group from the type's
-  class (commit f3434b1, tests/fixtures/configs_f3434b1.json) resume under today's
-  configs with no conflicting field and build the same typed model config."""
+  class (commit f3434b1, tests/fixtures/configs_f3434b1.json), whose recurrence group
+  also held the schedules' options, resume under today's configs with no conflicting
+  field and, read back as `checkpoint.load_config` reads them, build the same typed
+  model config."""
   import json
   import os
   import sys
 
   from ml_collections import config_dict
 
+  from t2mlr_jax.config import migrate_experiment_config
   from t2mlr_jax.train.config import model_config, resume_conflicts
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with open(os.path.join(root, "tests", "fixtures", "configs_f3434b1.json")) as f:
@@ -134,6 +138,97 @@ def test_configs_saved_before_one_config_system_still_resume():
       name, variant = key.split(":")
       current = __import__(name).get_config(variant)
       assert resume_conflicts(old, current.to_dict()) == [], key
-      assert model_config(config_dict.ConfigDict(old)) == model_config(current), key
+      read = config_dict.ConfigDict(migrate_experiment_config(old))
+      assert model_config(read) == model_config(current), key
   finally:
     sys.path.pop(0)
+
+
+def test_schedule_options_are_declared_by_their_schedules():
+  """`schedule_options` holds what the schedules declare (their options dataclasses):
+  defaults read from the schedule, values at their default not stored (equal configs hash
+  equal), each value checked by the schedule declaring it, unknown names refused with the
+  declared ones listed, and a copy with changes through `replace`."""
+  from t2mlr_jax import ScheduleOptions
+  from t2mlr_jax.config import recurrence_from_dict
+  from t2mlr_jax.model.schedules.jacobi import JacobiOptions
+  from t2mlr_jax.registry import SCHEDULES, schedule_option_defaults
+  assert SCHEDULES.get("jacobi").options is JacobiOptions
+  defaults = schedule_option_defaults()
+  assert {"d_forward": 16, "d_backward": 4, "jacobi_tol": None, "passes": 2,
+          "refine_passes": 3}.items() <= defaults.items()
+  cfg = tiny_cfg(schedule_options=dict(d_forward=8))
+  assert cfg.schedule_options.d_forward == 8 and cfg.schedule_options["passes"] == 2
+  assert cfg.schedule_options.explicit() == {"d_forward": 8}
+  same = tiny_cfg(schedule_options=dict(d_forward=8, passes=2, jacobi_tol=None))
+  assert same == cfg and hash(same) == hash(cfg)
+  assert ScheduleOptions(refine_weights=[1, 2, 3, 4]).refine_weights == (1.0, 2.0, 3.0, 4.0)
+  assert cfg.to_dict()["schedule_options"] == {**defaults, "d_forward": 8,
+                                               "refine_weights": []}
+  assert cfg.schedule_options.replace(passes=3).passes == 3
+  with pytest.raises(ValueError, match=r"schedule_options.d_forwards=8 is invalid: allowed an "
+                     r"option of a registered schedule: d_forward, d_backward"):
+    ScheduleOptions(d_forwards=8)
+  with pytest.raises(ValueError, match=r"schedule_options.refine_weights=\(1.0,\) is invalid"):
+    ScheduleOptions(refine_weights=(1.0,))
+  with pytest.raises(ValueError, match=r"recurrence.passes is a training schedule's option, "
+                     r"not a field of LRTConfig: set schedule_options.passes"):
+    recurrence_from_dict({"type": "lrt", "passes": 2})
+  with pytest.raises(AttributeError, match="immutable"):
+    cfg.schedule_options.d_forward = 3
+
+
+def test_a_schedule_of_ones_own_declares_its_options_and_may_share_only_with_one_default():
+  """A schedule registered after import adds its options (read when asked, never frozen);
+  another declaring an option already declared must give it the same default."""
+  import dataclasses
+
+  from t2mlr_jax import Schedule, ScheduleOptions, register_schedule
+  from t2mlr_jax.registry import SCHEDULES
+
+  @dataclasses.dataclass(frozen=True)
+  class Mine:
+    my_depth: int = 5
+    passes: int = 2          # shared with interleaved / chunked, same default
+
+  @dataclasses.dataclass(frozen=True)
+  class Clash:
+    passes: int = 7
+
+  flops = lambda costs, options, sweeps: (0.0, 0.0)
+  register_schedule(Schedule(name="test_mine", run=None, flops=flops, options=Mine))
+  try:
+    assert ScheduleOptions(my_depth=9).my_depth == 9
+    assert tiny_cfg().schedule_options.my_depth == 5
+    with pytest.raises(ValueError, match=r"option passes=7, but 'interleaved' .* default 2"):
+      register_schedule(Schedule(name="test_clash", run=None, flops=flops, options=Clash))
+    assert "test_clash" not in SCHEDULES
+  finally:
+    SCHEDULES.unregister("test_mine")
+  with pytest.raises(ValueError, match="my_depth"):
+    ScheduleOptions(my_depth=9)
+
+
+def test_metadata_written_when_the_options_were_recurrence_fields_loads_them_moved():
+  """Checkpoint meta and exports written before the schedules' options moved carried them
+  in the recurrence dict (every option, at its value): they load into `schedule_options`,
+  the type's fields stay the type's; an experiment config saved then migrates the same
+  way and resumes under today's without a conflict."""
+  from t2mlr_jax.config import migrate_experiment_config, split_schedule_options
+  from t2mlr_jax.train.config import base_config, resume_conflicts
+  cfg = tiny_cfg(schedule_options=dict(d_forward=6, d_backward=3, passes=3))
+  old = cfg.to_dict()
+  old["recurrence"].update(old.pop("schedule_options"))        # the layout before the move
+  assert ModelConfig(**old) == cfg
+  fields, moved = split_schedule_options(old["recurrence"])
+  assert "l_start" in fields and "d_forward" not in fields and moved["passes"] == 3
+  saved = base_config().to_dict()
+  saved["model"]["recurrence"].update(d_forward=6, d_backward=3)
+  del saved["model"]["schedule_options"]
+  current = base_config()
+  current.model.schedule_options.update(d_forward=6, d_backward=3)
+  assert resume_conflicts(saved, current.to_dict()) == []
+  assert migrate_experiment_config(saved)["model"]["schedule_options"] == {
+      "d_forward": 6, "d_backward": 3}
+  current.model.schedule_options.d_forward = 7
+  assert resume_conflicts(saved, current.to_dict()) == ["model.schedule_options.d_forward"]

@@ -151,6 +151,25 @@ def test_to_hf_interrupted_leaves_no_loadable_partial_export(tmp_path, monkeypat
   assert cfg2.recurrence == cfg.recurrence
 
 
+def test_an_export_keeps_its_schedule_options_old_layout_too(tmp_path):
+  """The recurrence's config file holds the schedules' options under their own key; one
+  written when they were recurrence fields (beside l_start ...) loads them the same."""
+  _, path = _llama(tmp_path)
+  cfg, params = hf.from_hf(path, recurrence=T2MLRConfig(l_start=1, l_end=1))
+  cfg = cfg.replace(schedule_options=dict(d_forward=5, d_backward=2))
+  out = str(tmp_path / "export")
+  hf.to_hf(cfg, params, out)
+  assert hf.from_hf(out)[0].schedule_options == cfg.schedule_options
+  rec_file = os.path.join(out, hf.RECURRENCE_CONFIG)
+  with open(rec_file) as f:
+    saved = json.load(f)
+  saved.update(saved.pop("schedule_options"))             # the layout before the move
+  with open(rec_file, "w") as f:
+    json.dump(saved, f)
+  old, _ = hf.from_hf(out)
+  assert old.recurrence == cfg.recurrence and old.schedule_options == cfg.schedule_options
+
+
 def test_greedy_generation_matches_transformers(tmp_path):
   model, path = _llama(tmp_path)
   cfg, params = hf.from_hf(path)

@@ -42,7 +42,7 @@ def test_the_new_recurrence_type_runs_every_mode_and_schedule(examples):
   assert max_abs(exact, forward(params, cfg, tokens, mode="parallel")) > 1e-3
   for mode, kw in (("jacobi", dict(d_forward=T)), ("interleaved", dict(passes=T)),
                    ("chunked", dict(passes=T)), ("multi_refine", dict(refine_passes=T - 1)),
-                   ("full_jacobi", dict(passes=T))):
+                   ("full_jacobi", dict(full_sweeps=T))):
     assert max_abs(forward(params, cfg, tokens, mode=mode, **kw), exact) <= 1e-5, mode
   new, step_logits = generate(params, cfg, tokens[:, :3], max_new_tokens=3,
                               return_logits=True)
@@ -57,5 +57,5 @@ def test_the_new_schedule_runs_every_recurrence_type(examples):
   for kind, make in MODELS.items():
     cfg, params = make()
     tokens = random_tokens(cfg, 2, T, seed=2)
-    out = forward(params, cfg, tokens, mode="full_jacobi", passes=T)
+    out = forward(params, cfg, tokens, mode="full_jacobi", full_sweeps=T)
     assert max_abs(out, forward(params, cfg, tokens, mode="exact")) <= 1e-5, kind

@@ -61,7 +61,7 @@ def test_lrt_interleaved_flops_match_xla():
   from t2mlr_jax import LRTConfig
   cfg = ModelConfig(vocab_size=256, d_model=128, n_layers=2, n_heads=2, d_ff=512,
                     max_seq_len=128, scan_layers=False, mlp_type="relu2",
-                    recurrence=LRTConfig(passes=2))
+                    recurrence=LRTConfig(), schedule_options=dict(passes=2))
   params = init_params(cfg, jax.random.PRNGKey(0))
   tokens = np.zeros((B, T), np.int32)
   for mode, opts in (("parallel", {}), ("interleaved", {"passes": 2})):

@@ -15,11 +15,11 @@ from t2mlr_jax.train.step import check_batch, create_state, make_train_step
 from _util import random_tokens
 
 T2MLR = ModelConfig(vocab_size=40, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
-                    max_seq_len=32, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=4,
-                                                           d_backward=2))
+                    max_seq_len=32, recurrence=T2MLRConfig(l_start=1, l_end=1),
+                    schedule_options=dict(d_forward=4, d_backward=2))
 LRT = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
-                  max_seq_len=32, recurrence=LRTConfig(source_layer=-1, passes=2,
-                                                       gate_channels=16))
+                  max_seq_len=32, recurrence=LRTConfig(source_layer=-1, gate_channels=16),
+                  schedule_options=dict(passes=2))
 PLAIN = T2MLR.replace(recurrence=None)
 
 

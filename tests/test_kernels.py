@@ -7,8 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from t2mlr_jax import init_params
-from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax import ModelConfig, T2MLRConfig, init_params
 from t2mlr_jax.model import kernels
 from t2mlr_jax.model.api import loss
 from t2mlr_jax.model.modes import forward
@@ -30,8 +29,8 @@ def _batch():
 @pytest.mark.parametrize("mode", ["parallel", pytest.param("jacobi", marks=pytest.mark.slow)])
 def test_splash_equals_xla_in_values_and_gradients(mode):
   base = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
-              max_seq_len=T, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=2,
-                                                    d_backward=1))
+              max_seq_len=T, recurrence=T2MLRConfig(l_start=1, l_end=1),
+              schedule_options=dict(d_forward=2, d_backward=1))
   xla, splash = ModelConfig(**base), ModelConfig(**base, attention="splash")
   params = init_params(xla, jax.random.PRNGKey(0))
   tokens, cf, seg, targets = _batch()
@@ -69,8 +68,8 @@ def test_splash_covers_local_windows(recurrent):
   passes it statically (T2MLR's one-layer segments); both equal xla."""
   base = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
               max_seq_len=T, window_pattern="SL", window_short=32,
-              recurrence=(T2MLRConfig(l_start=1, l_end=1, d_forward=2, d_backward=1)
-                          if recurrent else None))
+              recurrence=T2MLRConfig(l_start=1, l_end=1) if recurrent else None,
+              schedule_options=dict(d_forward=2, d_backward=1))
   xla, splash = ModelConfig(**base), ModelConfig(**base, attention="splash")
   assert xla.layer_windows == (32, 128, 128)
   params = init_params(xla, jax.random.PRNGKey(0))
@@ -172,8 +171,8 @@ def test_cudnn_forms_equal_xla_in_values_and_gradients(cudnn_on_cpu, mode, packe
   """Right padding without segment ids: causal with lengths (no mask); packed documents:
   the dense mask with is_causal. Both equal xla at every real token, and in gradients."""
   base = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
-              max_seq_len=T, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=2,
-                                                    d_backward=1))
+              max_seq_len=T, recurrence=T2MLRConfig(l_start=1, l_end=1),
+              schedule_options=dict(d_forward=2, d_backward=1))
   xla, cudnn = ModelConfig(**base), ModelConfig(**base, attention="cudnn")
   params = init_params(xla, jax.random.PRNGKey(0))
   tokens, cf, seg, targets = _batch()
@@ -216,8 +215,8 @@ def test_left_padded_prompts_take_the_mask_form(cudnn_on_cpu):
   takes the mask there, and the tokens equal xla's."""
   from t2mlr_jax.model.decode import generate
   base = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
-              max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=2,
-                                                     d_backward=1))
+              max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1),
+              schedule_options=dict(d_forward=2, d_backward=1))
   xla, cudnn = ModelConfig(**base), ModelConfig(**base, attention="cudnn")
   params = init_params(xla, jax.random.PRNGKey(0))
   prompt = np.array([[0, 0, 0, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8]], np.int32)

@@ -50,9 +50,9 @@ def tokenizer(tiny_gguf):
   return from_gguf(tiny_gguf)[2]
 
 
-def _cfg(recurrence=None):
+def _cfg(recurrence=None, **schedule_options):
   return t2.ModelConfig(vocab_size=320, d_model=32, n_layers=3, n_heads=4, d_ff=64,
-                        max_seq_len=64, recurrence=recurrence)
+                        max_seq_len=64, recurrence=recurrence, schedule_options=schedule_options)
 
 
 def _set(tree, key, value):
@@ -73,7 +73,7 @@ def _base(cfg, params):
 @pytest.fixture(scope="module")
 def models():
   """{name: (cfg, params)}: T2MLR at γ = 0 and with γ on, LRT identity-init and official."""
-  t2mlr = _cfg(t2.T2MLRConfig(l_start=1, l_end=1, d_forward=4, d_backward=2))
+  t2mlr = _cfg(t2.T2MLRConfig(l_start=1, l_end=1), d_forward=4, d_backward=2)
   p = t2.init_params(t2mlr, jax.random.PRNGKey(1))
   lrt_id = _cfg(t2.LRTConfig(init="identity", value_embeds=False))
   p_id = t2.init_params(lrt_id, jax.random.PRNGKey(2))

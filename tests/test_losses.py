@@ -4,15 +4,15 @@ import jax
 import numpy as np
 import pytest
 
-from t2mlr_jax import init_params
-from t2mlr_jax.config import LRTConfig, ModelConfig, T2MLRConfig
+from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig, init_params
 from t2mlr_jax.losses import IGNORE
 from t2mlr_jax.model.api import loss
 
 
 def _setup(recurrence=None, tied=False):
   cfg = ModelConfig(vocab_size=96, d_model=32, n_layers=3, n_heads=2, d_ff=64, max_seq_len=32,
-                    tie_embeddings=tied, recurrence=recurrence)
+                    tie_embeddings=tied, recurrence=recurrence,
+                    schedule_options=dict(d_forward=4, d_backward=2))
   params = init_params(cfg, jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 96, (2, 13)).astype(np.int32)
@@ -23,7 +23,7 @@ def _setup(recurrence=None, tied=False):
 
 @pytest.mark.parametrize("recurrence, mode, tied", [
     (None, "parallel", True),
-    pytest.param(T2MLRConfig(l_start=1, l_end=1, d_forward=4, d_backward=2), "jacobi", False,
+    pytest.param(T2MLRConfig(l_start=1, l_end=1), "jacobi", False,
                  marks=pytest.mark.slow),
 ])
 def test_chunked_loss_equals_the_full_loss_in_value_and_gradient(recurrence, mode, tied):

@@ -165,7 +165,7 @@ def test_jacobi_tolerance_stops_early_and_matches():
   cfg = tiny_cfg()
   params = active_params(cfg, gamma_rec=0.3)
   tokens = random_tokens(cfg, 2, T)
-  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=1e-6))
+  tol_cfg = cfg.replace(schedule_options=cfg.schedule_options.replace(jacobi_tol=1e-6))
   fixed, aux_f = forward(params, cfg, tokens, mode="jacobi", d_forward=40, d_backward=2,
                          return_aux=True)
   adaptive, aux_a = forward(params, tol_cfg, tokens, mode="jacobi", d_forward=40, d_backward=2,
@@ -257,8 +257,8 @@ def test_jacobi_depths_override_independently_and_d_backward_is_clamped():
   """d_forward alone below the config's d_backward is allowed (D_b clamped to it), and
   d_backward alone above the config's d_forward is clamped too; each is validated alone."""
   from t2mlr_jax.model.modes import mode_options
-  cfg = tiny_cfg(n_layers=3, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=6,
-                                                    d_backward=4))
+  cfg = tiny_cfg(n_layers=3, recurrence=T2MLRConfig(l_start=1, l_end=1),
+                 schedule_options=dict(d_forward=6, d_backward=4))
   resolved = lambda **kw: mode_options(cfg, "jacobi", 8, **kw)
   assert resolved() == {"d_forward": 6, "d_backward": 4, "jacobi_tol": None}
   assert resolved(d_forward=2) == {"d_forward": 2, "d_backward": 2, "jacobi_tol": None}
@@ -443,7 +443,7 @@ def test_jacobi_tolerance_sweep_count_by_hand():
   d_f, d_b = 40, 2
   k = next(j for j in range(len(deltas)) if deltas[j] < tol)
   assert k == T
-  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=tol))
+  tol_cfg = cfg.replace(schedule_options=cfg.schedule_options.replace(jacobi_tol=tol))
   logits, aux = forward(params, tol_cfg, tokens, mode="jacobi", d_forward=d_f, d_backward=d_b,
                         return_aux=True)
   assert int(aux["jacobi_sweeps"]) == 1 + k + d_b == T + 3
@@ -463,7 +463,7 @@ def test_jacobi_tolerance_does_not_stop_on_sweep_zero():
   _, _, deltas = _hand_caches(params, cfg, tokens, np.full((2, T), 2, np.int32), T)
   tol = float(np.sqrt(deltas[0] * min(deltas[1:T])))
   assert deltas[0] < tol < min(deltas[1:T])
-  tol_cfg = cfg.replace(recurrence=cfg.recurrence.replace(jacobi_tol=tol))
+  tol_cfg = cfg.replace(schedule_options=cfg.schedule_options.replace(jacobi_tol=tol))
   logits, aux = forward(params, tol_cfg, tokens, mode="jacobi", d_forward=40, d_backward=2,
                         return_aux=True)
   assert int(aux["jacobi_sweeps"]) == T + 3

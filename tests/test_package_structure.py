@@ -163,7 +163,7 @@ def test_schedules_import_no_recurrence_type():
 
 
 def test_no_branch_on_the_recurrence_type_outside_its_own_places():
-  allowed = ("t2mlr_jax.config", "t2mlr_jax.model.recurrence", "t2mlr_jax.convert.")
+  allowed = ("t2mlr_jax.model.recurrence", "t2mlr_jax.convert.")
   for name, path in _modules().items():
     if name.startswith(allowed):
       continue
@@ -178,17 +178,21 @@ def test_no_branch_on_the_recurrence_type_outside_its_own_places():
 
 def test_no_package_module_names_a_registered_entry_outside_its_own_files():
   """A registered recurrence type, schedule or model family is named (as a string) only in the file
-  that registers it and in the places that own its parts: config.py (the built-in
-  types' config classes, with their default schedules) and the converters of official
-  checkpoints. Everything else reads the registries. ("none", the entry of the model
-  without a recurrence, is also an ordinary word for other options and is left out.)"""
+  that registers it and in the places that own its parts: a type's file may name its
+  default schedule (its config class's declaration), and the converters of official
+  checkpoints their type. Everything else, config.py included, reads the registries.
+  ("none", the entry of the model without a recurrence, is also an ordinary word for
+  other options and is left out.)"""
   from t2mlr_jax import registry
   owners = {}
   for entry in (*registry.RECURRENCES.values(), *registry.SCHEDULES.values(),
                 *registry.FAMILIES.values()):
     owners.setdefault(entry.name, set()).add(entry.source)
+  for kind in registry.RECURRENCES.values():
+    if kind.config is not None:
+      owners[kind.config.default_schedule].add(kind.source)
   owners.pop("none", None)
-  allowed = ("t2mlr_jax.config", "t2mlr_jax.convert.")
+  allowed = ("t2mlr_jax.convert.",)
   for name, path in _modules().items():
     if name.startswith(allowed):
       continue

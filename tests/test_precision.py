@@ -13,8 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from t2mlr_jax import init_params
-from t2mlr_jax.config import LRTConfig, ModelConfig, T2MLRConfig
+from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig, init_params
 from t2mlr_jax.model.api import loss as model_loss
 
 DOT = re.compile(r"stablehlo\.dot_general .*precision = \[(\w+), (\w+)\] : \((.*)\) -> "
@@ -47,8 +46,8 @@ def _base(**kw):
 
 @pytest.mark.parametrize("mode", ["jacobi", "exact"])
 def test_t2mlr_matmuls_are_fp32_highest_in_forward_and_backward(mode):
-  cfg = ModelConfig(**_base(recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=3,
-                                                    d_backward=2)))
+  cfg = ModelConfig(**_base(recurrence=T2MLRConfig(l_start=1, l_end=1),
+                            schedule_options=dict(d_forward=3, d_backward=2)))
   text = _lowered_grad(cfg, mode)
   for scope in ("t2mlr_w_rec", "t2mlr_gates"):
     dots = _dots(text, scope)
@@ -59,7 +58,7 @@ def test_t2mlr_matmuls_are_fp32_highest_in_forward_and_backward(mode):
 
 
 def test_lrt_feedback_and_gate_matmuls_are_fp32_highest():
-  cfg = ModelConfig(**_base(recurrence=LRTConfig(gate_channels=8, passes=2)))
+  cfg = ModelConfig(**_base(recurrence=LRTConfig(gate_channels=8), schedule_options=dict(passes=2)))
   text = _lowered_grad(cfg, "interleaved")
   for scope in ("lrt_gate", "lrt_feedback_w_k", "lrt_feedback_w_v"):
     dots = _dots(text, scope)

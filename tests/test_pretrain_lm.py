@@ -33,7 +33,7 @@ def test_every_arm_validates_and_the_lrt_arms_are_the_papers():
     if name.startswith("t2mlr_") and name != "t2mlr_all":
       assert train_mode(config, cfg) == "jacobi"
   jacobi = lambda name: (lambda r: (r.d_forward, r.d_backward, r.jacobi_tol))(
-      pl.arm_config(name, 600, 4, 0, "d").model.recurrence)
+      pl.arm_config(name, 600, 4, 0, "d").model.schedule_options)
   assert jacobi("t2mlr") == (4, 1, None)               # the variant's default since 4/1
   assert jacobi("t2mlr_16_4") == (16, 4, None)         # the paper's, pinned
   assert jacobi("t2mlr_tol") == (16, 4, 1e-2)

@@ -10,6 +10,7 @@ import pytest
 import t2mlr_jax
 from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig, forward, generate, init_params
 from t2mlr_jax.config import recurrence_from_dict
+from t2mlr_jax.registry import schedule_option_defaults
 
 from _util import max_abs, random_tokens
 
@@ -18,7 +19,8 @@ T = 8
 
 def lrt_cfg(nanochat=True, **rec_kw):
   """A tiny LRT model: nanochat's backbone (windows that mask at T = 8, GQA, padded
-  vocabulary) or the Llama backbone."""
+  vocabulary) or the Llama backbone; `rec_kw`: LRTConfig fields and schedule options."""
+  options = {k: rec_kw.pop(k) for k in list(rec_kw) if k in schedule_option_defaults()}
   base = dict(vocab_size=37, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64,
               max_seq_len=16, rope_theta=10000.0)
   if nanochat:
@@ -26,7 +28,7 @@ def lrt_cfg(nanochat=True, **rec_kw):
                 logit_softcap=15.0, resid_lambdas=True, x0_lambdas=True, window_pattern="SL",
                 window_short=3, pad_vocab_to=8)
   rec = LRTConfig(**{"gate_channels": 8, **rec_kw})
-  return ModelConfig(**base, recurrence=rec)
+  return ModelConfig(**base, recurrence=rec, schedule_options=options)
 
 
 def active(cfg, seed=0):
@@ -186,7 +188,7 @@ def test_left_padded_generate_equals_one_at_a_time(model):
 
 
 @pytest.mark.parametrize("make,field", [
-    (lambda: LRTConfig(passes=0), "passes"),
+    (lambda: lrt_cfg(passes=0), "passes"),
     (lambda: LRTConfig(projection="tied"), "projection"),
     (lambda: LRTConfig(init="zero"), "init"),
     (lambda: lrt_cfg(source_layer=3), "source_layer"),

@@ -53,8 +53,8 @@ def test_retrofit_config_requires_a_model():
   with pytest.raises(ValueError, match="model.init_from"):
     train(retrofit.get_config("tiny"), "/tmp/never-created", progress=False)
   paper = retrofit.get_config()
-  r = paper.model.recurrence
-  assert (r.l_start, r.l_end, r.d_forward, r.d_backward, r.gate_gain) == (4, -5, 16, 8, 1e-2)
+  r, o = paper.model.recurrence, paper.model.schedule_options
+  assert (r.l_start, r.l_end, o.d_forward, o.d_backward, r.gate_gain) == (4, -5, 16, 8, 1e-2)
   assert paper.optimizer.recurrence_lr_mult == 100 and paper.optimizer.b2 == 0.99
 
 
@@ -118,8 +118,8 @@ def test_variable_assignment_retrofit_arms_start_from_the_same_model(pretrained,
   data = str(tmp_path / "va.jsonl")
   va.write_sft_jsonl(data, 16, seed=0)
   paper = va_config.get_config()
-  r = paper.model.recurrence
-  assert (r.d_forward, r.d_backward, r.gate_gain) == (8, 4, 1e-2)
+  r, o = paper.model.recurrence, paper.model.schedule_options
+  assert (o.d_forward, o.d_backward, r.gate_gain) == (8, 4, 1e-2)
   assert paper.optimizer.recurrence_lr_mult == 100 and paper.data.chat
   first = {}
   for variant in ("tiny", "tiny_transformer"):

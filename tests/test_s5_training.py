@@ -62,7 +62,7 @@ def test_value_variants_fit_their_sequences_and_jacobi_covers_the_span(variant):
   longest_eval = max(map(int, d.eval_lengths.split(",")))
   assert s5_examples.sequence_length(longest_eval, value_len=d.value_len,
                                      group=d.group) <= c.model.max_seq_len
-  assert c.model.recurrence.d_forward == d.max_actions * (1 + d.value_len) + 1
+  assert c.model.schedule_options.d_forward == d.max_actions * (1 + d.value_len) + 1
   assert c.data.value_len == s5_retrieval.VALUE_VARIANTS.get(variant, 1)
 
 
@@ -104,7 +104,7 @@ def test_group_variants_hold_their_dictionaries(variant):
   assert groups == {"Z2", group}
   for batch in task.eval_batches(c):
     assert batch["input_ids"].shape[1] <= c.model.max_seq_len
-  assert c.model.recurrence.d_forward == 2 * c.data.max_actions + 1
+  assert c.model.schedule_options.d_forward == 2 * c.data.max_actions + 1
 
 
 def test_lstm_is_causal():

@@ -40,7 +40,7 @@ def test_adopt_refuses_a_run_whose_schedule_differs(monkeypatch):
   ab = _ablation()
   module, variant, overrides = ab.TASKS["retrieval"][1]["t2mlr_jacobi"]
   monkeypatch.setitem(ab.TASKS["retrieval"][1], "t2mlr_jacobi",
-                      (module, variant, {**overrides, "model.recurrence.d_forward": 8}))
+                      (module, variant, {**overrides, "model.schedule_options.d_forward": 8}))
   with pytest.raises(SystemExit, match="t2mlr_jacobi.*model config differs"):
     ab.adopt("retrieval", "t2mlr_jacobi")
   monkeypatch.setitem(ab.TASKS["retrieval"][1], "t2mlr_jacobi",

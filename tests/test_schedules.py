@@ -151,10 +151,10 @@ def _cli(tmp_path, config, *overrides):
 
 @pytest.mark.slow       # three CLI runs; in-process training of the new pairs runs by default
 @pytest.mark.parametrize("config,mode,extra", [
-    ("s5_retrieval.py", "interleaved", ["--config.model.recurrence.passes=3"]),
-    ("s5_retrieval_lrt.py", "jacobi", ["--config.model.recurrence.d_forward=5",
-                                       "--config.model.recurrence.d_backward=2"]),
-    ("s5_retrieval.py", "multi_refine", ["--config.model.recurrence.refine_passes=2"])])
+    ("s5_retrieval.py", "interleaved", ["--config.model.schedule_options.passes=3"]),
+    ("s5_retrieval_lrt.py", "jacobi", ["--config.model.schedule_options.d_forward=5",
+                                       "--config.model.schedule_options.d_backward=2"]),
+    ("s5_retrieval.py", "multi_refine", ["--config.model.schedule_options.refine_passes=2"])])
 def test_another_types_schedule_trains_and_evaluates_from_the_cli(tmp_path, config, mode, extra):
   from t2mlr_jax.train.metrics import read_metrics
   wd, log, ev = _cli(tmp_path, config, f"--config.train.mode={mode}", *extra)

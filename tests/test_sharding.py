@@ -77,8 +77,8 @@ def _assert_same(results):
 
 def test_train_step_on_2x2x2_mesh_equals_one_device():
   cfg = ModelConfig(vocab_size=40, d_model=32, n_layers=3, n_heads=4, n_kv_heads=1, d_ff=64,
-                    max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=4,
-                                                           d_backward=2))
+                    max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1),
+                    schedule_options=dict(d_forward=4, d_backward=2))
 
   def inspect(step, state, placed, shardings):
     assert state.params["layers"]["mlp"]["up"]["kernel"].sharding == \
@@ -141,8 +141,8 @@ def test_fsdp_that_does_not_divide_the_width_is_factored_and_the_step_is_unchang
   so a 36 x 36 matrix splits over both of its dimensions instead of staying whole; the
   batch splits over all 8 devices; the step equals the single-device one."""
   cfg = ModelConfig(vocab_size=40, d_model=36, n_layers=3, n_heads=3, n_kv_heads=3, d_ff=64,
-                    max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1, d_forward=4,
-                                                           d_backward=2))
+                    max_seq_len=64, recurrence=T2MLRConfig(l_start=1, l_end=1),
+                    schedule_options=dict(d_forward=4, d_backward=2))
   assert sharding.fsdp_factors(8, 36) == (4, 2) and sharding.fsdp_factors(8, 32) == (8, 1)
   mesh = sharding.make_mesh({"data": 1, "fsdp": -1}, model_width=cfg.d_model)
   assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "fsdp_inner": 2, "tensor": 1}

@@ -147,26 +147,21 @@ def test_a_damaged_checkpoint_is_named_and_resume_step_goes_on_from_an_intact_on
   _assert_same_params(_params(wd), _params(reference))
 
 
-# The schedule options a T2MLR config gained when every schedule opened to every type.
-NEW_SCHEDULE_FIELDS = ("passes", "kv_refresh", "refine_passes", "refine_weights",
-                       "refine_detach")
-
-
 @pytest.mark.slow       # two runs; the stop_after_steps resume runs by default
-def test_a_checkpoint_written_before_the_schedule_options_resumes(reference, tmp_path):
-  """A checkpoint whose config and meta lack the fields the recurrence configs gained
-  (as the code before them wrote it) resumes to the uninterrupted run's numbers."""
+def test_a_checkpoint_written_with_the_options_in_the_recurrence_resumes(reference, tmp_path):
+  """A checkpoint whose config and meta hold the schedules' options inside the recurrence
+  group (as the code before they moved to their schedules wrote it; older ones lack some
+  of them altogether) resumes to the uninterrupted run's numbers."""
   wd = str(tmp_path)
   run_main(wd, *LONG, "--config.train.stop_after_steps=30")
   step = tmp_path / "checkpoints" / "30"
   for item in ("config", "meta"):
     path = step / item / "metadata"
     saved = json.loads(path.read_text())
-    rec = (saved["model"]["recurrence"] if item == "config"
-           else saved["model_config"]["recurrence"])
-    assert set(NEW_SCHEDULE_FIELDS) <= set(rec)
-    for field in NEW_SCHEDULE_FIELDS:
-      del rec[field]
+    model = saved["model"] if item == "config" else saved["model_config"]
+    options = model.pop("schedule_options")
+    model["recurrence"].update({k: v for k, v in options.items()
+                                if k in ("d_forward", "d_backward", "jacobi_tol")})
     path.write_text(json.dumps(saved))
   out = run_main(wd, *LONG)
   assert "resumed from step 30" in out.stdout + out.stderr
@@ -285,7 +280,9 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 @pytest.mark.parametrize("edit,field", [
     (lambda c: c.train.update(num_steps=-5), "train.num_steps"),
     (lambda c: c.mesh.update(data=3, fsdp=1, tensor=1), "mesh"),
-    (lambda c: c.model.recurrence.update(d_forward=2, d_backward=3), "d_backward"),
+    (lambda c: c.model.schedule_options.update(d_forward=2, d_backward=3),
+     "model.schedule_options.d_backward"),
+    (lambda c: c.model.recurrence.update(d_forward=8), "model.schedule_options.d_forward"),
     (lambda c: c.optimizer.update(name="lion"), "optimizer.name"),
     (lambda c: c.train.update(seq_len=10), "train.seq_len"),
     (lambda c: c.data.update(task="imagenet"), "data.task"),
@@ -353,7 +350,7 @@ def test_jacobi_sweeps_are_logged_as_the_window_mean_and_counted_in_flops_spent(
 
   def run(log_every):
     c = tiny_config(num_steps=8, log_every=log_every, eval_every=8, checkpoint_every=8)
-    c.model.recurrence.update(d_forward=8, jacobi_tol=0.6)
+    c.model.schedule_options.update(d_forward=8, jacobi_tol=0.6)
     wd = str(tmp_path / f"log{log_every}")
     loop.train(c, wd, progress=False)
     return c, read_metrics(wd)

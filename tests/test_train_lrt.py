@@ -71,14 +71,15 @@ def test_interleaved_training_resumes_bit_identically(reference, tmp_path):
                   jax.tree.leaves(checkpoint.load(reference)[1])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   cfg, _ = checkpoint.load(wd)
-  assert cfg.recurrence.type == "lrt" and cfg.recurrence.passes == 2
+  assert cfg.recurrence.type == "lrt" and cfg.schedule_options.passes == 2
 
 
 @pytest.mark.parametrize("edit,match", [
     (lambda c: c.train.update(mode="sweeps"), r"train.mode='sweeps' is invalid: allowed "
      r"one of \('auto', 'parallel', 'exact', 'jacobi', 'interleaved', 'chunked', "
      r"'multi_refine'\)"),
-    (lambda c: c.model.recurrence.update(passes=99), r"model.recurrence.passes=99 is invalid"),
+    (lambda c: c.model.schedule_options.update(passes=99),
+     r"model.schedule_options.passes=99 is invalid"),
     (lambda c: c.model.recurrence.update(projection="tied"), r"recurrence.projection='tied'"),
 ])
 def test_bad_lrt_config_is_a_clear_error(edit, match):
@@ -94,8 +95,8 @@ def test_switching_type_without_its_fields_names_them():
   with pytest.raises(ValueError, match=r"recurrence.cache_norm is a t2mlr option.*"
                      r"recurrence_config\(type\)"):
     config_lib.validate(c)
-  c.model.recurrence = config_lib.recurrence_config("lrt", passes=3)
-  assert config_lib.validate(c).recurrence.passes == 3
+  c.model.recurrence = config_lib.recurrence_config("lrt", projection="shared")
+  assert config_lib.validate(c).recurrence.projection == "shared"
   with pytest.raises(ValueError, match=r"model.recurrence.l_start=1 is invalid: allowed a "
                      "field of lrt"):
     config_lib.recurrence_config("lrt", l_start=1)

@@ -22,7 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "docs", "examples")
 USER = f"--user_module={EXAMPLES}/echo.py,{EXAMPLES}/full_jacobi.py"
 CONFIG = f"--config={EXAMPLES}/s5_echo.py:tiny"
-SCHEDULE = ("--config.train.mode=full_jacobi", "--config.model.recurrence.passes=2")
+SCHEDULE = ("--config.train.mode=full_jacobi",
+            "--config.model.schedule_options.full_sweeps=2")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -106,7 +107,7 @@ def test_logged_flops_match_xla_on_an_unrolled_step(runs):
   sys.path.insert(0, EXAMPLES)
   import s5_echo
   c = s5_echo.get_config("tiny")
-  c.train.mode, c.model.recurrence.passes = "full_jacobi", 2
+  c.train.mode, c.model.schedule_options.full_sweeps = "full_jacobi", 2
   cfg = model_config(c)
   B, T = c.train.batch_size, c.train.seq_len
   logged = _metrics(runs["straight"])[-1]["step_flops"]

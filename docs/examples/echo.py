@@ -23,14 +23,14 @@ import jax
 import jax.numpy as jnp
 
 import t2mlr_jax as t2
-from t2mlr_jax.config import ScheduleOptions, invalid
+from t2mlr_jax.config import RecurrenceConfig, invalid
 from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
 from t2mlr_jax.model.layers import matmul_fp32
 
 
 @dataclasses.dataclass(frozen=True)
-class EchoConfig(ScheduleOptions):
-  """echo's fields (and, inherited, every schedule's options: d_forward, passes, ...)."""
+class EchoConfig(RecurrenceConfig):
+  """echo's fields (the schedules' options are the model config's `schedule_options`)."""
   type: ClassVar[str] = "echo"
   default_schedule: ClassVar[str] = "jacobi"        # train.mode "auto"
   parallel_runs_mixer: ClassVar[bool] = False      # parallel mode: the plain transformer
@@ -40,7 +40,6 @@ class EchoConfig(ScheduleOptions):
   init_std: float = 0.02       # W's normal init
 
   def __post_init__(self):
-    super().__post_init__()
     if not self.init_std > 0:
       invalid("recurrence.init_std", self.init_std, "> 0")
 

@@ -1,7 +1,7 @@
 """The default job (configs/s5_retrieval.py, any of its variants) with the `echo`
 recurrence of docs/examples/echo.py instead of T2MLR, over the same span and Jacobi
-depths. Needs --user_module=docs/examples/echo.py (it registers the type this config
-names)."""
+depths (`model.schedule_options`, whatever the type). Needs
+--user_module=docs/examples/echo.py (it registers the type this config names)."""
 
 import os
 import sys
@@ -16,7 +16,6 @@ import s5_retrieval  # noqa: E402
 def get_config(variant: str = ""):
   c = s5_retrieval.get_config(variant)
   c.name = "s5_echo"
-  r = c.model.recurrence
-  c.model.recurrence = recurrence_config("echo", l_start=r.l_start, l_end=r.l_end,
-                                         d_forward=r.d_forward, d_backward=r.d_backward)
+  r = c.model.recurrence      # the schedule's options (model.schedule_options) stay
+  c.model.recurrence = recurrence_config("echo", l_start=r.l_start, l_end=r.l_end)
   return c

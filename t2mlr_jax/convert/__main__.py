@@ -21,8 +21,8 @@ import os
 import shutil
 
 from t2mlr_jax import checkpoint, cli, loading
-from t2mlr_jax.config import T2MLRConfig
 from t2mlr_jax.convert import gguf, hf
+from t2mlr_jax.model.recurrence.t2mlr import T2MLRConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")

@@ -19,8 +19,9 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.flax import save_file
 
-from t2mlr_jax.config import ModelConfig, RopeScaling, T2MLRConfig
+from t2mlr_jax.config import ModelConfig, RopeScaling, split_schedule_options
 from t2mlr_jax.model import recurrence as rec
+from t2mlr_jax.model.recurrence.t2mlr import T2MLRConfig
 from t2mlr_jax.model.transformer import init_params
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -263,7 +264,14 @@ def from_hf(path: str, *, recurrence: T2MLRConfig | None = None, seed: int = 0, 
   rec_path = os.path.join(path, RECURRENCE_CONFIG)
   if recurrence is None and os.path.isfile(rec_path):
     with open(rec_path) as f:
-      recurrence = T2MLRConfig(**json.load(f))
+      saved = json.load(f)
+    # the schedule options: their own key, or (exports written before they moved to their
+    # schedules) beside the type's fields
+    options = saved.pop("schedule_options", {})
+    fields, moved = split_schedule_options({"type": T2MLRConfig.type, **saved})
+    fields.pop("type")
+    recurrence = T2MLRConfig(**fields)
+    overrides.setdefault("schedule_options", {**moved, **options})
   cfg = config_from_hf(hf_config, recurrence=recurrence, **overrides)
   sd = read_hf_state_dict(path)
   _check_unused(sd, cfg)
@@ -405,5 +413,7 @@ def to_hf(cfg: ModelConfig, params, path: str, *, dtype: str = "float32",
       node = np.asarray(node)
       tensors[key] = node.T if where[-1] == "kernel" else node
     _save_safetensors(tensors, os.path.join(path, RECURRENCE_WEIGHTS), "float32")
-    _save_json(dataclasses.asdict(cfg.recurrence), os.path.join(path, RECURRENCE_CONFIG))
+    _save_json({**dataclasses.asdict(cfg.recurrence),
+                "schedule_options": cfg.schedule_options.to_dict()},
+               os.path.join(path, RECURRENCE_CONFIG))
   _save_json(hf_config, os.path.join(path, "config.json"))

@@ -20,8 +20,8 @@ from typing import Any, Mapping, Union
 import numpy as np
 from safetensors.numpy import load_file
 
-from t2mlr_jax.config import T2MLRConfig
 from t2mlr_jax.convert import hf
+from t2mlr_jax.model.recurrence.t2mlr import T2MLRConfig
 
 PREFIX = "t2mlr_model."
 MIXER = "t2mlr_mixing_module."
@@ -49,7 +49,8 @@ def from_official(state_dict: Union[str, Mapping[str, Any]], hf_config: Mapping[
 
   l_end is inclusive; negative indices count from the end. `overrides` set
   what config.json cannot say: ModelConfig fields (rope_theta=None for the
-  official NoPE S5 models) and T2MLRConfig fields (residual, cache_norm, ...).
+  official NoPE S5 models, schedule_options=dict(d_forward=..)) and T2MLRConfig fields
+  (residual, cache_norm, ...).
   """
   sd = load_state_dict(state_dict) if isinstance(state_dict, str) else state_dict
   rec_over = {k: v for k, v in overrides.items() if k in hf._T2MLR_FIELDS}

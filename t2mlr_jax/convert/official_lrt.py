@@ -36,9 +36,11 @@ from typing import Any, Mapping, Union
 
 import numpy as np
 
-from t2mlr_jax.config import FLOAT32_EPS, LRTConfig, ModelConfig
+from t2mlr_jax.config import FLOAT32_EPS, ModelConfig
 from t2mlr_jax.convert.hf import to_numpy
 from t2mlr_jax.convert.official import load_state_dict
+from t2mlr_jax.model.recurrence.lrt import LRTConfig
+from t2mlr_jax.registry import schedule_option_defaults
 
 SUPPORTED = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd",
              "window_pattern", "use_value_embeds", "ve_every_layer", "use_x0_residual",
@@ -70,14 +72,17 @@ def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrid
   D, H = int(get("n_embd", 768)), int(get("n_head", 6))
   C = int(get("ve_gate_channels", 32))
   rec_over = {k: v for k, v in overrides.items() if k in LRTConfig.__dataclass_fields__}
-  model_over = {k: v for k, v in overrides.items() if k not in LRTConfig.__dataclass_fields__}
-  rec, ve = None, None
+  sched_over = {k: v for k, v in overrides.items()
+                if k in schedule_option_defaults() and k not in rec_over}
+  model_over = {k: v for k, v in overrides.items() if k not in {**rec_over, **sched_over}}
+  rec, ve, options = None, None, {}
   if lrt:       # the interleaved init value embeddings replace the plain ones
-    rec = LRTConfig(gate_channels=C, passes=int(get("interleaved_num_passes", 2)),
-                    kv_refresh=bool(get("interleaved_kv_refresh", False)), **rec_over)
-  elif rec_over:
-    raise ValueError(f"{sorted(rec_over)[0]} is an LRT option: allowed only with "
-                     "use_interleaved=True")
+    rec = LRTConfig(gate_channels=C, **rec_over)
+    options = {"passes": int(get("interleaved_num_passes", 2)),
+               "kv_refresh": bool(get("interleaved_kv_refresh", False)), **sched_over}
+  elif rec_over or sched_over:
+    raise ValueError(f"{sorted({**rec_over, **sched_over})[0]} is an LRT option: allowed "
+                     "only with use_interleaved=True")
   elif get("use_value_embeds", True):
     ve = "every" if get("ve_every_layer", False) else "alternating"
   model_over.setdefault("rope_table_dtype", "bfloat16")
@@ -89,7 +94,8 @@ def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrid
       mlp_type="relu2", logit_softcap=15.0, resid_lambdas=bool(get("use_resid_lambdas", True)),
       x0_lambdas=bool(get("use_x0_residual", True)),
       window_pattern=get("window_pattern", "SSSL"), tie_embeddings=False,
-      value_embeds=ve, ve_gate_channels=C, recurrence=rec, **model_over)
+      value_embeds=ve, ve_gate_channels=C, recurrence=rec, schedule_options=options,
+      **model_over)
 
 
 def _rope_flip(cfg: ModelConfig, kernel_in_out: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import jax
 from absl import logging
 
 from t2mlr_jax import checkpoint
-from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax.config import ModelConfig, RecurrenceConfig
 from t2mlr_jax.convert import hf
 from t2mlr_jax.model import recurrence as rec
 
@@ -43,7 +43,7 @@ def pretrained_config(path: str, **overrides) -> ModelConfig:
   return base.replace(**overrides)
 
 
-def load_pretrained(path: str, *, recurrence: Optional[T2MLRConfig], seed: int = 0):
+def load_pretrained(path: str, *, recurrence: Optional[RecurrenceConfig], seed: int = 0):
   """(cfg, params): the pretrained weights, with `recurrence` (fresh, γ = 0, unless the
   export already holds recurrence weights of the same shape) or without one."""
   hf.check_recurrence_type(recurrence, "model.init_from")

@@ -250,44 +250,39 @@ def _forward(params, cfg, tokens, inp, mode, options, hidden=False):
 
 
 def mode_options(cfg: ModelConfig, mode: str, T: int, **given) -> dict:
-  """Validate `mode` and resolve its options against the config's recurrence (explicit
-  arguments win): {option: value} of the schedule's options ({} for parallel and exact).
-  Every schedule runs every recurrence type; an option a type cannot honour (kv_refresh
-  without the type's `refresh_kv` hook) is refused."""
-  rcfg = cfg.recurrence
+  """Validate `mode` and resolve its options against the config's `schedule_options`
+  (explicit arguments win): {option: value} of the schedule's options ({} for parallel
+  and exact). Every schedule runs every recurrence type; the schedule checks its values
+  (its options dataclass), the call's against the config's (`check_options`) and against
+  the model and length T (`check_run`: S <= T, a hook the type must have)."""
   # read from the registry at each call: a schedule registered after import is known too
   modes = mode_names()
-  per_mode = {s.name: s.options for s in SCHEDULES.values()}
+  per_mode = {s.name: tuple(s.option_defaults()) for s in SCHEDULES.values()}
   every = tuple(dict.fromkeys(o for opts in per_mode.values() for o in opts))
   if mode not in modes:
     raise ValueError(f"mode={mode!r} is invalid: allowed one of {modes} "
                      "(use t2mlr_jax.generate for decoding)")
   unknown = sorted(set(given) - set(every))
   if unknown:
-    listed = "; ".join(f"{m}: {', '.join(o)}" for m, o in per_mode.items())
+    listed = "; ".join(f"{m}: {', '.join(o)}" for m, o in per_mode.items() if o)
     raise ValueError(f"unknown option(s) {unknown}: allowed {', '.join(every)} ({listed})")
   given = {k: v for k, v in given.items() if v is not None}
-  if rcfg is None or mode not in per_mode:
+  if cfg.recurrence is None or mode not in per_mode:
     return {}
+  schedule = SCHEDULES.get(mode)
   names = per_mode[mode]
   other = sorted(set(given) - set(names))
   if other:
     raise ValueError(f"{other[0]} is not an option of mode={mode!r}: allowed {names}")
-  check = SCHEDULES.get(mode).check_options
-  if check is not None:
-    given = check(rcfg, given)
-  r = rcfg.replace(**given)
-  opts = {k: getattr(r, k) for k in names}
-  if "passes" in opts and opts["passes"] > T:
-    raise ValueError(f"passes={opts['passes']} is invalid: allowed 1 <= passes <= T={T} "
-                     "(the sequence length)")
-  if "kv_refresh" in opts:
-    opts["kv_refresh"] = bool(opts["kv_refresh"])
-    if opts["kv_refresh"] and recurrence.of(cfg).refresh_kv is None:
-      raise ValueError(f"kv_refresh=True is invalid for a {rcfg.type} model: allowed False "
-                       "(its memory never enters the keys or values, so there is nothing "
-                       "to refresh)")
-  return opts
+  values = {**{k: cfg.schedule_options[k] for k in names}, **given}
+  if schedule.check_options is not None:
+    values = schedule.check_options(values, given)
+  if schedule.options is not None:
+    checked = schedule.options(**values)
+    values = {k: getattr(checked, k) for k in names}
+  if schedule.check_run is not None:
+    schedule.check_run(cfg, values, T)
+  return values
 
 
 def forward(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=None,

@@ -14,7 +14,12 @@ from typing import Any
 from absl import logging
 from ml_collections import config_dict
 
-from t2mlr_jax.config import ModelConfig, invalid, recurrence_from_dict
+from t2mlr_jax.config import (
+  ModelConfig,
+  invalid,
+  migrate_experiment_config,
+  recurrence_from_dict,
+)
 from t2mlr_jax.convert.pretrained import pretrained_config
 from t2mlr_jax.flops import exact_bptt_bytes
 from t2mlr_jax.model import api  # noqa: F401  (registers the model families)
@@ -22,9 +27,11 @@ from t2mlr_jax.model.modes import hidden_modes, mode_names, mode_options
 from t2mlr_jax.registry import (
   FAMILIES,
   RECURRENCES,
+  SCHEDULES,
   default_family,
   default_recurrence,
   family_of,
+  schedule_option_defaults,
 )
 from t2mlr_jax.train.optimizer import OPTIMIZERS
 
@@ -39,12 +46,14 @@ def base_config() -> config_dict.ConfigDict:
   c = config_dict.ConfigDict()
   # the model group: the family (arch), a pretrained start, then every field of the
   # default family's config class at its default (ModelConfig: the transformer), one
-  # type's recurrence group among them; model_config() builds the typed config from it
+  # type's recurrence group and every schedule's options among them; model_config()
+  # builds the typed config from it
   c.model = config_dict.ConfigDict({
       "arch": default_family().name,
       "init_from": config_dict.placeholder(str),
-      **config_fields(default_family().config, skip=("recurrence",))})
+      **config_fields(default_family().config, skip=("recurrence", "schedule_options"))})
   c.model.recurrence = recurrence_config(default_recurrence().name)
+  c.model.schedule_options = schedule_options_config()
   c.train = dict(
       num_steps=1000,
       stop_after_steps=config_dict.placeholder(int),  # stop early (resumable) at this step
@@ -159,18 +168,46 @@ def config_fields(cls, skip=(), **overrides) -> dict:
 
 def recurrence_config(kind: str, **overrides) -> config_dict.ConfigDict:
   """A `model.recurrence` group holding every field of one recurrence type at its default
-  (so each can be overridden on the command line), e.g. recurrence_config("lrt", passes=3)."""
+  (so each can be overridden on the command line), e.g. recurrence_config("lrt",
+  projection="shared"). The schedules' options are not here: `schedule_options_config`."""
   entry = RECURRENCES.get(kind, "config field model.recurrence.type")
   if entry.config is None:
     names = set()
   else:
     names = {f.name for f in dataclasses.fields(entry.config)}
   unknown = sorted(set(overrides) - names)
+  moved = [k for k in unknown if k in schedule_option_defaults()]
+  if moved:
+    _fail(f"model.recurrence.{moved[0]}", overrides[moved[0]],
+          f"a field of {kind}: {sorted(names)} ({moved[0]} is a schedule's option: "
+          f"model.schedule_options.{moved[0]}, schedule_options_config({moved[0]}=...))")
   if unknown:
     _fail(f"model.recurrence.{unknown[0]}", overrides[unknown[0]],
           f"a field of {kind}: {sorted(names)}")
   fields = {} if entry.config is None else config_fields(entry.config, **overrides)
   return config_dict.ConfigDict({"type": kind, **fields})
+
+
+def schedule_options_config(**overrides) -> config_dict.ConfigDict:
+  """A `model.schedule_options` group holding every registered schedule's options at their
+  defaults (each overridable on the command line as its type), e.g.
+  schedule_options_config(d_forward=8, d_backward=2)."""
+  unknown = sorted(set(overrides) - set(schedule_option_defaults()))
+  if unknown:
+    _fail(f"model.schedule_options.{unknown[0]}", overrides[unknown[0]],
+          f"an option of a registered schedule: {list(schedule_option_defaults())}")
+  fields = {}
+  for schedule in SCHEDULES.values():
+    if schedule.options is not None:
+      fields.update(config_fields(schedule.options, **overrides))
+  return config_dict.ConfigDict(fields)
+
+
+def _schedule_options(config) -> dict:
+  """The `model.schedule_options` group as a dict (the base config's defaults when the
+  group is absent)."""
+  group = config.model.get("schedule_options")
+  return {} if group is None else group.to_dict()
 
 
 def _recurrence(config):
@@ -189,7 +226,8 @@ def _init_from_config(config) -> ModelConfig:
   """A pretrained model's shape (HF config.json or export model.json) + this config's
   recurrence and runtime fields (dtype, remat, scan_layers, max_seq_len)."""
   m = config.model
-  return pretrained_config(m.init_from, recurrence=_recurrence(config), dtype=m.dtype,
+  return pretrained_config(m.init_from, recurrence=_recurrence(config),
+                           schedule_options=_schedule_options(config), dtype=m.dtype,
                            remat=m.remat, scan_layers=m.scan_layers, max_seq_len=m.max_seq_len,
                            attention=m.get("attention", "xla"))
 
@@ -211,6 +249,8 @@ def model_config(config):
   values = {k: m[k] for k in fields if k in m and k != "recurrence"}
   if "recurrence" in fields:
     values["recurrence"] = _recurrence(config)
+  if "schedule_options" in fields:
+    values["schedule_options"] = _schedule_options(config)
   try:
     return family.config(**values)
   except ValueError as e:
@@ -219,7 +259,7 @@ def model_config(config):
 
 def _model_field_error(text: str, m) -> str:
   """ModelConfig's error with the field named as the config spells it (`model.d_model`)."""
-  head = text.split("=", 1)[0]
+  head = text.split("=", 1)[0].split(".", 1)[0]
   if head.isidentifier() and head in m:
     return f"config field model.{text}"
   return text
@@ -318,7 +358,7 @@ def validate(config, devices=None):
     try:
       mode_options(cfg, mode, t.seq_len)
     except ValueError as e:
-      raise ValueError(f"config field model.recurrence.{e}".replace(
+      raise ValueError(f"config field model.schedule_options.{e}".replace(
           "T=", "train.seq_len=")) from None
   chunk = t.get("loss_chunk")
   if chunk is not None:
@@ -362,7 +402,7 @@ def resume_conflicts(saved: dict, current: dict) -> list[str]:
   """Dotted fields that differ between a saved and the current config, except
   those a resumed run may change (RESUME_MUTABLE). A field the saved config lacks
   (written before the field existed) conflicts only if it is not at its default."""
-  a, b = flatten(saved), flatten(current)
+  a, b = flatten(migrate_experiment_config(saved)), flatten(current)
   defaults = flatten(base_config().to_dict())
   for k in set(b) - set(a):
     if k in defaults and b[k] == defaults[k]:

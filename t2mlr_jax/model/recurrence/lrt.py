@@ -19,14 +19,16 @@ dtype where it joins the stream.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t2mlr_jax.config import LRTConfig, ModelConfig
+from t2mlr_jax.config import ModelConfig, RecurrenceConfig, invalid
 from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
 from t2mlr_jax.model.layers import (
   KV,
@@ -38,6 +40,89 @@ from t2mlr_jax.model.layers import (
   rms_normalize,
 )
 from t2mlr_jax.registry import RECURRENCES, RecurrenceType
+
+LRT_PROJECTIONS = ("layerwise", "shared")
+LRT_INITS = ("official", "identity")
+
+
+@dataclasses.dataclass(frozen=True)
+class LRTConfig(RecurrenceConfig):
+  """Latent Recurrent Transformer (docs/models.md): the previous token's normed hidden
+  state m_t fed back into every layer (residual γ_i·m, gated key/value feedback).
+
+  source_layer: -1 = the input of the LM head (the final normed state, as the
+  release); k = the parameter-free-normed output of layer k. `residual`, `key`,
+  `value`, `value_embeds`: which feedback paths exist (the paper's ablations).
+  projection: "layerwise" (W_k, W_v per layer) or "shared" (one pair for all layers).
+  gate_channels: channels of norm(x) the triple gate reads (0 = all d_model).
+  init: "official" (the release's init_weights) or "identity" (γ = 0 and zero
+  feedback weights: a fresh model computes exactly its base transformer).
+  reset_at_segment_start: memory is zero wherever the position id is 0 (packed
+  documents, left padding); False is the release, which zeroes it only at t = 0.
+  """
+  type: ClassVar[str] = "lrt"
+  default_schedule: ClassVar[str] = "interleaved"   # train.mode "auto"
+  parallel_runs_mixer: ClassVar[bool] = True        # parallel mode: the full pass, m = 0
+  replaces_value_embeds: ClassVar[bool] = True      # presets drop nanochat's tables
+  source_layer: int = -1
+  residual: bool = True
+  key: bool = True
+  value: bool = True
+  value_embeds: bool = True
+  projection: str = "layerwise"
+  gate_channels: int = 32
+  init: str = "official"
+  reset_at_segment_start: bool = True
+
+  def __post_init__(self):
+    if self.projection not in LRT_PROJECTIONS:
+      invalid("recurrence.projection", self.projection, f"one of {LRT_PROJECTIONS}")
+    if self.init not in LRT_INITS:
+      invalid("recurrence.init", self.init, f"one of {LRT_INITS}")
+    if not isinstance(self.gate_channels, int) or self.gate_channels < 0:
+      invalid("recurrence.gate_channels", self.gate_channels, "an integer >= 0 (0 = d_model)")
+    if not (self.residual or self.key or self.value or self.value_embeds):
+      invalid("recurrence.residual/key/value/value_embeds", False,
+              "at least one feedback path on")
+
+  def source_index(self, model: "ModelConfig") -> int:
+    """The memory's source layer as a non-negative index (n_layers-1 for -1: the final
+    normed state)."""
+    L = model.n_layers
+    if not -L <= self.source_layer < L:
+      invalid("recurrence.source_layer", self.source_layer,
+              f"-1 (the LM head's input) or a layer index in [{-L}, {L - 1}] for n_layers={L}")
+    if self.gate_channels > model.d_model:
+      invalid("recurrence.gate_channels", self.gate_channels, f"0..d_model={model.d_model}")
+    return self.source_layer % L
+
+  def span(self, model: "ModelConfig") -> tuple[int, int]:
+    """(first, last) layer of the recurrent span: 0..source layer (memory enters every
+    layer; the span ends where it is read)."""
+    source = self.source_index(model)
+    if model.value_embeds is not None:
+      invalid("value_embeds", model.value_embeds, "None with an LRT recurrence (LRT carries "
+              "its own per-layer value embeddings: recurrence.value_embeds)")
+    return 0, source
+
+  def num_params(self, model: "ModelConfig") -> int:
+    """Per layer: γ, the triple gate, value embeddings; W_k / W_v per layer or shared."""
+    D, L, V = model.d_model, model.n_layers, model.padded_vocab
+    kv = model.n_kv_heads * model.head_dim
+    C = self.gate_channels or D
+    proj = D * kv * (int(self.key) + int(self.value))
+    return (L * (int(self.residual) + C * 3 * model.n_kv_heads + (V * kv if self.value_embeds
+                                                                    else 0))
+            + proj * (L if self.projection == "layerwise" else 1))
+
+  def mixer_flops(self, model: "ModelConfig", tokens: int, layers=None) -> float:
+    """In each of the `layers` run (default all): W_k and W_v (D·N_kv·K each, when on) and
+    the triple gate (C·3·N_kv)."""
+    kv = model.n_kv_heads * model.head_dim
+    gate = (self.gate_channels or model.d_model) * 3 * model.n_kv_heads
+    per_layer = (int(self.key) + int(self.value)) * model.d_model * kv + gate
+    n = model.n_layers if layers is None else layers
+    return float(2 * n * per_layer * tokens)
 
 
 def _uniform(bound: float):

@@ -15,17 +15,85 @@ release's Jacobi sweep 0 takes the raw span output as the first cache) and no
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import sys
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, ClassVar, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t2mlr_jax.config import ModelConfig, T2MLRConfig
+from t2mlr_jax.config import ModelConfig, RecurrenceConfig, invalid
 from t2mlr_jax.model.control_flow import CF_PAD, CF_PLAIN, CF_RECURRENT
 from t2mlr_jax.model.layers import matmul_fp32
 from t2mlr_jax.registry import RECURRENCES, RecurrenceType
+
+CACHE_NORMS = ("clipped_rms", "rmsnorm", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class T2MLRConfig(RecurrenceConfig):
+  """Temporal middle-layer recurrence (docs/models.md#t2mlr) and its Jacobi defaults.
+
+  l_start/l_end are 0-based and both inclusive; negative values count from the
+  end as in Python (l_end=-1 is the last layer). They are resolved against the
+  number of layers by `ModelConfig`.
+  """
+  type: ClassVar[str] = "t2mlr"
+  default_schedule: ClassVar[str] = "jacobi"     # train.mode "auto"
+  parallel_runs_mixer: ClassVar[bool] = False   # parallel mode: the plain transformer
+  replaces_value_embeds: ClassVar[bool] = False
+  l_start: int = 1             # first layer of the recurrent block (0-based)
+  l_end: int = -2              # last layer of the block (inclusive; negative from the end)
+  residual: bool = True        # cache z = o_t + R_t at recurrent positions
+  residual_detach: bool = True  # R_t under stop_gradient in that residual
+  cache_norm: str = "clipped_rms"   # "clipped_rms", "rmsnorm" or "none"
+  cache_norm_eps: float = 1e-6
+  cache_norm_clip: float = 5.0      # clipped_rms: clip of the normalised cache
+  gate_init: float = 0.5       # sigmoid gates start at this value (bias = logit)
+  gate_gain: float = 1.0       # Xavier-normal gain of f_rec/f_cur (1e-2 for retrofit)
+
+  def __post_init__(self):
+    if self.cache_norm not in CACHE_NORMS:
+      invalid("cache_norm", self.cache_norm, f"one of {CACHE_NORMS}")
+    if not 0.0 < self.gate_init < 1.0:
+      invalid("gate_init", self.gate_init, "a float in (0, 1)")
+    if not self.cache_norm_clip >= 1.0:
+      invalid("cache_norm_clip", self.cache_norm_clip, ">= 1")
+    if not self.cache_norm_eps > 0:
+      invalid("cache_norm_eps", self.cache_norm_eps, "> 0")
+    if not self.gate_gain > 0:
+      invalid("gate_gain", self.gate_gain, "> 0")
+
+  @property
+  def gate_bias(self) -> float:
+    """The gates' initial bias: logit(gate_init), so sigmoid(bias) = gate_init."""
+    return math.log(self.gate_init / (1.0 - self.gate_init))
+
+  def span(self, model: "ModelConfig") -> tuple[int, int]:
+    """(first, last) layer of the recurrent span, both inclusive: l_start..l_end."""
+    L = model.n_layers
+    for name in ("l_start", "l_end"):
+      value = getattr(self, name)
+      if not -L <= value < L:
+        invalid(f"recurrence.{name}", value, f"a layer index in [{-L}, {L - 1}] for n_layers={L}")
+    start, end = self.l_start % L, self.l_end % L
+    if start > end:
+      raise ValueError(
+          f"recurrence.l_start={self.l_start} (layer {start}) is after recurrence.l_end="
+          f"{self.l_end} (layer {end}): need l_start <= l_end, both inclusive, in [0, {L - 1}]")
+    return start, end
+
+  def num_params(self, model: "ModelConfig") -> int:
+    """The fusion's W_rec and two gates (5D² + 2D), γ_rec, γ_cur, an RMSNorm scale."""
+    D = model.d_model
+    return 5 * D * D + 2 * D + 2 + (D if self.cache_norm == "rmsnorm" else 0)
+
+  def mixer_flops(self, model: "ModelConfig", tokens: int, layers=None) -> float:
+    """The fusion's matmuls, once per run of the span whatever the `layers` run: W_rec
+    (D²) and the two gates (2D·D each), 5D² multiply-adds."""
+    return float(2 * 5 * model.d_model ** 2 * tokens)
 
 
 def _torch_linear_uniform(key, shape, dtype=jnp.float32):

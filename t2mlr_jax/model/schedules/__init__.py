@@ -1,8 +1,9 @@
 """The training schedules: parallel approximations of the sequential recurrence, each one
 file, each for every recurrence type (they call only the interface of
 `recurrence/__init__.py`, through `span.py`). A schedule is one `registry.Schedule`
-(its run function, options, FLOPs, pass losses), registered at the end of its file;
-the options' defaults are fields of every recurrence config (`config.ScheduleOptions`).
+(its run function, its options dataclass with their defaults and checks, FLOPs, pass
+losses), registered at the end of its file; a model config sets the options in
+`schedule_options` (`config.ScheduleOptions`), whatever its recurrence type.
 A user's schedule registers the same way from its own file (`--user_module`).
 
     jacobi        parallel fixed-point sweeps, gradient through the last D_b (jacobi.py)

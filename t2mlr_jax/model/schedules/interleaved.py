@@ -19,11 +19,13 @@ rows no pass has visited yet are re-projected from the memory the pass reads.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.config import ModelConfig, invalid
 from t2mlr_jax.losses import cross_entropy, supervised
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.layers import rope_tables
@@ -33,7 +35,34 @@ from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers
 from t2mlr_jax.registry import SCHEDULES, Schedule
 from t2mlr_jax.sharding import constrain_batch
 
-OPTIONS = ("passes", "kv_refresh")
+
+@dataclasses.dataclass(frozen=True)
+class PassOptions:
+  """S passes after pass 0 (interleaved: positions t ≡ p−1 mod S in pass p; chunked: S
+  contiguous chunks); kv_refresh: re-project not-yet-visited positions' feedback between
+  passes (a type whose memory enters keys and values, with the `refresh_kv` hook: LRT)."""
+  passes: int = 2
+  kv_refresh: bool = False
+
+  def __post_init__(self):
+    if isinstance(self.passes, bool) or not isinstance(self.passes, (int, np.integer)) \
+        or self.passes < 1:
+      invalid("passes", self.passes, "an integer >= 1 (and <= the sequence length)")
+    if not isinstance(self.kv_refresh, (bool, np.bool_)):
+      invalid("kv_refresh", self.kv_refresh, "True or False")
+    object.__setattr__(self, "passes", int(self.passes))
+    object.__setattr__(self, "kv_refresh", bool(self.kv_refresh))
+
+
+def check_run(cfg: ModelConfig, options: dict, T: int) -> None:
+  """S <= T; kv_refresh only for a type with the `refresh_kv` hook."""
+  if options["passes"] > T:
+    raise ValueError(f"passes={options['passes']} is invalid: allowed 1 <= passes <= T={T} "
+                     "(the sequence length)")
+  if options["kv_refresh"] and recurrence.of(cfg).refresh_kv is None:
+    raise ValueError(f"kv_refresh=True is invalid for a {recurrence.of(cfg).name} model: "
+                     "allowed False (its memory never enters the keys or values, so there "
+                     "is nothing to refresh)")
 
 
 def pass_positions(T: int, passes: int, mode: str = "interleaved") -> tuple:
@@ -200,5 +229,5 @@ def token_totals(kind: str):
 
 for _kind, _run in (("interleaved", run_interleaved), ("chunked", run_chunked)):
   SCHEDULES.register(Schedule(
-      name=_kind, run=_run, flops=flops, options=OPTIONS, pass_loss=pass_loss(_kind),
-      token_totals=token_totals(_kind), source=__name__))
+      name=_kind, run=_run, flops=flops, options=PassOptions, check_run=check_run,
+      pass_loss=pass_loss(_kind), token_totals=token_totals(_kind), source=__name__))

@@ -10,13 +10,14 @@ layers above. D_f >= T sweeps give the exact recurrence. Any recurrence type."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.config import ModelConfig, invalid
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.sequence import (
   ModeOut,
@@ -33,7 +34,26 @@ from t2mlr_jax.model.transformer import embed
 from t2mlr_jax.registry import SCHEDULES, Schedule
 from t2mlr_jax.sharding import constrain_batch
 
-OPTIONS = ("d_forward", "d_backward", "jacobi_tol")
+
+@dataclasses.dataclass(frozen=True)
+class JacobiOptions:
+  """D_f (sweep 0 + D_f−1 span sweeps), D_b (the last sweeps, with gradient) and the
+  tolerance that stops the no-gradient sweeps once max|ΔR| < tol (None: every sweep)."""
+  d_forward: int = 16
+  d_backward: int = 4
+  jacobi_tol: Optional[float] = None
+
+  def __post_init__(self):
+    if isinstance(self.d_forward, bool) or not isinstance(self.d_forward, (int, np.integer)) \
+        or self.d_forward < 1:
+      invalid("d_forward", self.d_forward, "an integer >= 1")
+    if isinstance(self.d_backward, bool) or not isinstance(self.d_backward, (int, np.integer)) \
+        or not 1 <= self.d_backward <= self.d_forward:
+      invalid("d_backward", self.d_backward, f"1 <= d_backward <= d_forward ({self.d_forward})")
+    if self.jacobi_tol is not None and not self.jacobi_tol > 0:
+      invalid("jacobi_tol", self.jacobi_tol, "None or a float > 0")
+    object.__setattr__(self, "d_forward", int(self.d_forward))
+    object.__setattr__(self, "d_backward", int(self.d_backward))
 
 
 def _max_abs(a):
@@ -175,17 +195,16 @@ def run(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, options: dict,
                 options["jacobi_tol"], hidden)
 
 
-def check_depths(rcfg, given: dict) -> dict:
+def check_depths(values: dict, given: dict) -> dict:
   """D_f and D_b given per call: each checked on its own, D_b clamped to D_f (whichever
   side gave it)."""
   if "d_forward" not in given and "d_backward" not in given:
-    return given
-  d_f = given.get("d_forward", rcfg.d_forward)
-  d_b = given.get("d_backward", rcfg.d_backward)
-  for name, v in (("d_forward", d_f), ("d_backward", d_b)):
+    return values
+  for name in ("d_forward", "d_backward"):
+    v = values[name]
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
       raise ValueError(f"{name}={v!r} is invalid: allowed an integer >= 1")
-  return {**given, "d_forward": int(d_f), "d_backward": int(min(d_b, d_f))}
+  return {**values, "d_backward": min(values["d_backward"], values["d_forward"])}
 
 
 def flops(costs, options: dict, sweeps: Optional[int]) -> tuple[float, float]:
@@ -205,6 +224,6 @@ def flops(costs, options: dict, sweeps: Optional[int]) -> tuple[float, float]:
 
 
 SCHEDULE = SCHEDULES.register(Schedule(
-    name="jacobi", run=run, flops=flops, options=OPTIONS, hidden=True,
+    name="jacobi", run=run, flops=flops, options=JacobiOptions, hidden=True,
     check_options=check_depths, sweeps_metric="jacobi_sweeps", prefill=jacobi_prefill,
     source=__name__))

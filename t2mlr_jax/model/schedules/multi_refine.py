@@ -7,10 +7,12 @@ once."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
-from t2mlr_jax.config import ModelConfig
+from t2mlr_jax.config import ModelConfig, invalid
 from t2mlr_jax.losses import cross_entropy
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.sequence import ModeOut, SeqInputs, context, run_segment, segments
@@ -19,7 +21,29 @@ from t2mlr_jax.model.transformer import embed, head, run_layers
 from t2mlr_jax.registry import SCHEDULES, Schedule
 from t2mlr_jax.sharding import constrain_batch
 
-OPTIONS = ("refine_passes", "refine_weights", "refine_detach")
+
+@dataclasses.dataclass(frozen=True)
+class RefineOptions:
+  """K full passes after the zero-state one; the loss weight of each pass 0..K (K+1
+  values; empty: uniform); refine_detach: no gradient through the states between passes."""
+  refine_passes: int = 3
+  refine_weights: tuple = ()
+  refine_detach: bool = False
+
+  def __post_init__(self):
+    if isinstance(self.refine_passes, bool) or not isinstance(self.refine_passes, int) \
+        or self.refine_passes < 0:
+      invalid("refine_passes", self.refine_passes, "an integer >= 0")
+    try:
+      weights = tuple(float(w) for w in (self.refine_weights or ()))
+    except (TypeError, ValueError):
+      weights = None
+    if weights is None or (weights and (len(weights) != self.refine_passes + 1
+                                        or min(weights) < 0 or not sum(weights) > 0)):
+      invalid("refine_weights", self.refine_weights,
+              f"empty (uniform) or refine_passes+1={self.refine_passes + 1} weights >= 0 "
+              "(passes 0..K) with a positive sum")
+    object.__setattr__(self, "refine_weights", weights)
 
 
 def multi_refine(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, refine_passes: int,
@@ -87,5 +111,5 @@ def pass_loss(pass_logits, labels_BT, options: dict, totals=None):
 
 
 SCHEDULE = SCHEDULES.register(Schedule(
-    name="multi_refine", run=run, flops=flops, options=OPTIONS, pass_loss=pass_loss,
+    name="multi_refine", run=run, flops=flops, options=RefineOptions, pass_loss=pass_loss,
     source=__name__))
