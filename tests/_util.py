@@ -33,6 +33,17 @@ def active_params(cfg, seed=0, gamma_rec=0.9, gamma_cur=0.4, gate_noise=0.5):
   return {**params, "recurrence": rp}
 
 
+def active_lrt_params(cfg, seed=0):
+  """Fresh LRT params with every memory path doing something (random gates, larger γ)."""
+  p = init_params(cfg, jax.random.PRNGKey(seed))
+  mem = dict(p["layers"]["memory"])
+  k1, k2 = jax.random.split(jax.random.PRNGKey(seed + 100))
+  mem["gate"] = 0.5 * jax.random.normal(k1, mem["gate"].shape)
+  if "gamma" in mem:
+    mem["gamma"] = 0.3 + 0.2 * jax.random.uniform(k2, mem["gamma"].shape)
+  return {**p, "layers": {**p["layers"], "memory": mem}}
+
+
 def random_tokens(cfg, B, T, seed=0):
   return np.asarray(jax.random.randint(jax.random.PRNGKey(seed), (B, T), 0, cfg.vocab_size),
                     np.int32)

@@ -12,7 +12,7 @@ from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig, forward, generate, in
 from t2mlr_jax.config import recurrence_from_dict
 from t2mlr_jax.registry import schedule_option_defaults
 
-from _util import max_abs, random_tokens
+from _util import active_lrt_params as active, max_abs, random_tokens
 
 T = 8
 
@@ -29,17 +29,6 @@ def lrt_cfg(nanochat=True, **rec_kw):
                 window_short=3, pad_vocab_to=8)
   rec = LRTConfig(**{"gate_channels": 8, **rec_kw})
   return ModelConfig(**base, recurrence=rec, schedule_options=options)
-
-
-def active(cfg, seed=0):
-  """Fresh params with every memory path doing something (random gates, larger γ)."""
-  p = init_params(cfg, jax.random.PRNGKey(seed))
-  mem = dict(p["layers"]["memory"])
-  k1, k2 = jax.random.split(jax.random.PRNGKey(seed + 100))
-  mem["gate"] = 0.5 * jax.random.normal(k1, mem["gate"].shape)
-  if "gamma" in mem:
-    mem["gamma"] = 0.3 + 0.2 * jax.random.uniform(k2, mem["gamma"].shape)
-  return {**p, "layers": {**p["layers"], "memory": mem}}
 
 
 @pytest.mark.parametrize("nanochat, refresh", [

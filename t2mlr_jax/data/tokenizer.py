@@ -116,3 +116,34 @@ def render_chat_template(template: str, messages: list[dict], **variables) -> st
 
 def load_tokenizer(path: str) -> HFTokenizer:
   return HFTokenizer(path)
+
+
+class TokenizerView:
+  """One interface over the library's tokenizers (HFTokenizer, the byte tokenizer), for
+  the lm-eval adapter and the server."""
+
+  def __init__(self, tok, name: str):
+    self.tok, self.name = tok, name
+    self.bos_id = getattr(tok, "bos_id", None)
+    self.eos_id = getattr(tok, "eos_id", None)
+    self.pad_id = getattr(tok, "pad_id", None)
+    self.chat_template = getattr(tok, "chat_template", None)
+    self.is_hf = hasattr(tok, "tokenizer")
+
+  def encode(self, text: str, special: bool) -> list[int]:
+    """Token ids; `special`: the tokenizer's post-processor adds its special tokens (the
+    byte tokenizer has none)."""
+    if self.is_hf:
+      return self.tok.tokenizer.encode(text, add_special_tokens=special).ids
+    return self.tok.encode(text)
+
+  def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    ids = [int(i) for i in ids]
+    if self.is_hf:
+      return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+    return self.tok.decode(ids)
+
+  def token_text(self, token_id: Optional[int]) -> Optional[str]:
+    if token_id is None:
+      return None
+    return self.decode([token_id], skip_special_tokens=False) if self.is_hf else None

@@ -51,8 +51,10 @@ class DecodeState(NamedTuple):
 
 
 def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
-            recurrent_prompt: bool = True, method: str = "exact", tol=None):
-  """Run the prompt; returns (last-position logits [B,V], DecodeState).
+            recurrent_prompt: bool = True, method: str = "exact", tol=None,
+            last_only: bool = True):
+  """Run the prompt; returns (last-position logits [B,V], DecodeState); with
+  last_only=False every position's logits [B,T,V] (a prompt's own log-probabilities).
 
   method "exact": token by token through the recurrent block (the default);
   "jacobi" (any recurrence type): parallel Jacobi sweeps until max|ΔR| < tol, capped at T sweeps
@@ -65,18 +67,20 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
                                                             tol=tol)
   else:
     run = parallel
-  logits, _, kvs, R = run(params, cfg, tokens_BT, inp, last_only=True)
+  logits, _, kvs, R = run(params, cfg, tokens_BT, inp, last_only=last_only)
   if R is None:
     R = recurrence.zero_state(cfg, B)
   per_layer = tuple(to_cache(KV(kvs[name].k[i], kvs[name].v[i]), cache_len)
                     for name, lo, hi in cfg.segments for i in range(hi - lo))
   valid = jnp.pad(inp.control_flow != CF_PAD, ((0, 0), (0, cache_len - T)))
   state = DecodeState(per_layer, R, valid, jnp.asarray(T, jnp.int32), inp.positions[:, -1] + 1)
-  return logits[:, -1], state
+  return (logits[:, -1] if last_only else logits), state
 
 
-def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B, layers=None):
-  """Feed one recurrent (cf 2) token per row; returns (logits [B,V], new state).
+def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B, layers=None,
+                control_flow_B=None):
+  """Feed one token per row, recurrent (cf 2) unless `control_flow_B` [B] says otherwise
+  (1: the row's recurrence off); returns (logits [B,V], new state).
 
   `layers`: the per-layer weights (`split_layers(params["layers"])`), split once per
   generate.
@@ -88,7 +92,8 @@ def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B, layers=No
   mask = attention_mask(jnp.full((B, 1), idx), valid)
   pos = state.positions[:, None]
   rope = rope_tables(cfg, pos)
-  cf = jnp.full((B, 1), CF_RECURRENT, jnp.int32)
+  cf = (jnp.full((B, 1), CF_RECURRENT, jnp.int32) if control_flow_B is None
+        else control_flow_B.astype(jnp.int32)[:, None])
   tok = token_B[:, None]
   x, R, kv = embed(params, cfg, tok), state.R, []
   x0, mem = x, None
