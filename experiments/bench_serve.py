@@ -81,16 +81,9 @@ def _stream_once(base: str, ids: list) -> dict:
 
 def serve_cell(server, ids, clients: int) -> dict:
   """`clients` threads, each streaming REQUESTS_PER_CLIENT completions back to back."""
-  import uvicorn
-
   from t2mlr_jax import serve
   port = _free_port()
-  uv = uvicorn.Server(uvicorn.Config(serve.create_app(server), host="127.0.0.1", port=port,
-                                     log_level="warning"))
-  thread = threading.Thread(target=uv.run, daemon=True)
-  thread.start()
-  while not uv.started:
-    time.sleep(0.05)
+  uv, thread = serve.run_in_thread(server, port)
   base = f"http://127.0.0.1:{port}"
   try:
     _stream_once(base, ids)                         # warm the HTTP path

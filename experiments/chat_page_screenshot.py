@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
@@ -26,7 +24,6 @@ def main():
   args = ap.parse_args()
   import socket
 
-  import uvicorn
   from selenium import webdriver
   from selenium.webdriver.chrome.service import Service
   from selenium.webdriver.common.by import By
@@ -42,12 +39,7 @@ def main():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  uv = uvicorn.Server(uvicorn.Config(serve.create_app(server), host="127.0.0.1", port=port,
-                                     log_level="warning"))
-  thread = threading.Thread(target=uv.run, daemon=True)
-  thread.start()
-  while not uv.started:
-    time.sleep(0.05)
+  uv, thread = serve.run_in_thread(server, port)
   os.environ["SE_OFFLINE"] = "true"
   options = webdriver.ChromeOptions()
   options.binary_location = "/usr/bin/chromium"

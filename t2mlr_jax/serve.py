@@ -389,6 +389,18 @@ def _sse(data: dict) -> str:
   return f"data: {json.dumps(data)}\n\n"
 
 
+async def _drain(queue: asyncio.Queue, done: asyncio.Future):
+  """The queue's chunks as server-sent events, as they come, until `done` (the jobs'
+  readers) has finished and the queue is empty."""
+  while not (done.done() and queue.empty()):
+    getter = asyncio.ensure_future(queue.get())
+    await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+    if getter.done():
+      yield _sse(getter.result())
+    else:
+      getter.cancel()
+
+
 def create_app(server: Server) -> FastAPI:
   """The FastAPI app of a Server."""
   app = FastAPI(title="t2mlr_jax", docs_url=None, redoc_url=None)
@@ -543,14 +555,8 @@ def create_app(server: Server) -> FastAPI:
             await queue.put({"error": {"message": e.message, "type": e.kind}})
         tasks = [asyncio.create_task(run(i, job)) for i, job in enumerate(jobs)]
         try:
-          done = asyncio.gather(*tasks)
-          while not (done.done() and queue.empty()):
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-              yield _sse(getter.result())
-            else:
-              getter.cancel()
+          async for event in _drain(queue, asyncio.gather(*tasks)):
+            yield event
           if settings.include_usage:
             yield _sse({"id": rid, "object": "text_completion", "created": created,
                         "model": server.name, "choices": [], "usage": {
@@ -619,13 +625,8 @@ def create_app(server: Server) -> FastAPI:
         task = asyncio.ensure_future(_collect(server, job, piece))
         try:
           yield _sse(chunk({"role": "assistant", "content": ""}))
-          while not (task.done() and queue.empty()):
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-              yield _sse(getter.result())
-            else:
-              getter.cancel()
+          async for event in _drain(queue, task):
+            yield event
           try:
             gen, reason = task.result()[1], task.result()[4]
           except ApiError as e:
@@ -677,6 +678,19 @@ def create_app(server: Server) -> FastAPI:
     return PlainTextResponse("\n".join(lines) + "\n")
 
   return app
+
+
+def run_in_thread(server: Server, port: int, host: str = "127.0.0.1"):
+  """(uvicorn.Server, thread): the app of a warmed-up Server on a loopback port in a
+  thread (tests, benchmarks); stop with `.should_exit = True`, then `server.close()`."""
+  uv = uvicorn.Server(uvicorn.Config(create_app(server), host=host, port=port,
+                                     log_level="warning"))
+  thread = threading.Thread(target=uv.run, daemon=True)
+  thread.start()
+  deadline = time.time() + 30
+  while not uv.started and time.time() < deadline and thread.is_alive():
+    time.sleep(0.05)
+  return uv, thread
 
 
 # ----------------------------------------------------------------------- the command line

@@ -181,15 +181,18 @@ def test_nothing_compiles_after_warmup():
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
     rng = np.random.default_rng(1)
-    live = []
+    live = []                  # [row, owner, tokens still to come]
+
+    def step_and_release():
+      for _row, owner, _ in engine.step():
+        next(e for e in live if e[1] == owner)[2] -= 1
+      for entry in [e for e in live if e[2] <= 0]:
+        engine.release(engine.rows.index(entry[1]))
+        live.remove(entry)
+
     for i in range(20):
       while engine.active() == engine.max_batch:      # full: step until a slot frees
-        for _row, owner, _ in engine.step():
-          entry = next(e for e in live if e[1] == owner)
-          entry[2] -= 1
-        for entry in [e for e in live if e[2] <= 0]:
-          engine.release(engine.rows.index(entry[1]))
-          live.remove(entry)
+        step_and_release()
       L, n = int(rng.integers(1, 30)), int(rng.integers(1, 12))
       prompt = np.random.default_rng(i).integers(0, cfg.vocab_size, L)   # numpy: no compile
       pre, _ = engine.prefill(prompt, control_flow=1 + i % 2, max_tokens=n, echo=i % 4 == 0)
@@ -197,12 +200,7 @@ def test_nothing_compiles_after_warmup():
                              sampling=Sampling(temperature=0.5 * (i % 2), seed=i))
       live.append([row, i, n - 1])
       for _ in range(int(rng.integers(1, 4))):
-        for _row, owner, _ in engine.step():
-          entry = next(e for e in live if e[1] == owner)
-          entry[2] -= 1
-        for entry in [e for e in live if e[2] <= 0]:
-          engine.release(engine.rows.index(entry[1]))
-          live.remove(entry)
+        step_and_release()
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
   assert compiles == []

@@ -15,7 +15,6 @@ import jax
 import numpy as np
 import openai
 import pytest
-import uvicorn
 
 from t2mlr_jax import T2MLRConfig, forward, generate, init_params, serve
 from t2mlr_jax.loading import load_model_and_tokenizer
@@ -36,14 +35,7 @@ class Running:
     self.server, self.port = server, _free_port()
     server.warmup((8, 16))
     server.scheduler.start()
-    config = uvicorn.Config(serve.create_app(server), host="127.0.0.1", port=self.port,
-                            log_level="warning")
-    self.uv = uvicorn.Server(config)
-    self.thread = threading.Thread(target=self.uv.run, daemon=True)
-    self.thread.start()
-    deadline = time.time() + 30
-    while not self.uv.started and time.time() < deadline:
-      time.sleep(0.05)
+    self.uv, self.thread = serve.run_in_thread(server, self.port)
     self.base = f"http://127.0.0.1:{self.port}"
 
   def stop(self):
@@ -69,6 +61,13 @@ class Running:
         return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
       return e.code, e.read().decode()
+
+
+def _greedy_answer(params, cfg, tok, ids, n, prompt_cf=2):
+  """In-process greedy generation of n tokens, cut at EOS: what the server answers."""
+  want = np.asarray(generate(params, cfg, np.array([ids]), max_new_tokens=n,
+                             eos_id=tok.eos_id, prompt_control_flow=prompt_cf))[0].tolist()
+  return want[:want.index(tok.eos_id)] if tok.eos_id in want else want
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +97,7 @@ def test_completions_equal_in_process_generation(model, client):
   prompt = "To be, or not to be"
   ids = tok.encode(prompt)
   out = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0)
-  want = np.asarray(generate(params, cfg, np.array([ids]), max_new_tokens=12,
-                             eos_id=tok.eos_id))[0].tolist()
-  want = want[:want.index(tok.eos_id)] if tok.eos_id in want else want
+  want = _greedy_answer(params, cfg, tok, ids, 12)
   assert out.choices[0].text == tok.decode(want)
   assert out.usage.prompt_tokens == len(ids) and out.usage.completion_tokens == len(want)
   streamed = client.completions.create(model="tiny", prompt=prompt, max_tokens=12,
@@ -125,9 +122,7 @@ def test_chat_completions_stream_the_templated_answer(model, client):
   out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
                                        temperature=0)
   ids = tok.encode(tok.apply_chat_template(messages))
-  want = np.asarray(generate(params, cfg, np.array([ids]), max_new_tokens=10,
-                             eos_id=tok.eos_id, prompt_control_flow=1))[0].tolist()
-  want = want[:want.index(tok.eos_id)] if tok.eos_id in want else want
+  want = _greedy_answer(params, cfg, tok, ids, 10, prompt_cf=1)
   assert out.choices[0].message.content == tok.decode(want)
   chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
                                                temperature=0, stream=True))
@@ -416,9 +411,7 @@ def test_smollm2_is_served_as_it_generates_in_process():
     out = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16,
                                          temperature=0)
     ids = tok.encode(tok.apply_chat_template(messages))
-    want = np.asarray(generate(params, cfg, np.array([ids]), max_new_tokens=16,
-                               eos_id=tok.eos_id, prompt_control_flow=1))[0].tolist()
-    want = want[:want.index(tok.eos_id)] if tok.eos_id in want else want
+    want = _greedy_answer(params, cfg, tok, ids, 16, prompt_cf=1)
     assert out.choices[0].message.content == tok.decode(want)
     assert "Paris" in out.choices[0].message.content
   finally:
