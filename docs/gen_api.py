@@ -51,8 +51,10 @@ MODULES = (
     ("t2mlr_jax.train.checkpointer", None, "a training run's Orbax checkpoints (save, "
      "restore, resume_step)"),
     ("t2mlr_jax.tensorstore_reads", None, "TensorStore's failed reads after a failed restore"),
-    ("t2mlr_jax.evaluate", None, "evaluating a checkpoint (`python -m t2mlr_jax.evaluate`)"),
-    ("t2mlr_jax.chat", None, "chatting in the terminal (`python -m t2mlr_jax.chat`)"),
+    ("t2mlr_jax.eval.jobs", None, "the evaluations `python -m t2mlr_jax.evaluate` runs: a "
+     "checkpoint, a downstream task, bits per byte"),
+    ("t2mlr_jax.chat_session", None, "a chat whose answers stream (`python -m "
+     "t2mlr_jax.chat`)"),
     ("t2mlr_jax.convert.hf", None, "Hugging Face Llama-family checkpoints, both ways"),
     ("t2mlr_jax.convert.gguf", None, "GGUF files, both ways"),
     ("t2mlr_jax.convert.official", None, "the official T2MLR release's checkpoints"),

@@ -81,9 +81,9 @@ def _stream_once(base: str, ids: list) -> dict:
 
 def serve_cell(server, ids, clients: int) -> dict:
   """`clients` threads, each streaming REQUESTS_PER_CLIENT completions back to back."""
-  from t2mlr_jax import serve
+  from t2mlr_jax import server as serving
   port = _free_port()
-  uv, thread = serve.run_in_thread(server, port)
+  uv, thread = serving.run_in_thread(server, port)
   base = f"http://127.0.0.1:{port}"
   try:
     _stream_once(base, ids)                         # warm the HTTP path
@@ -166,12 +166,12 @@ def main():
                  new_tokens=NEW_TOKENS, max_len=MAX_LEN,
                  requests_per_client=REQUESTS_PER_CLIENT)
   todo = [n for n in names if redo or n not in results["cells"]]
-  from t2mlr_jax import serve
+  from t2mlr_jax import server as serving
   loaded = models()
   for model in dict.fromkeys(CELLS[n][0] for n in todo):
     cfg, params, tok = loaded[model]
     ids = (tok.encode("To be, or not to be, that is the question: " * 8))[:PROMPT_TOKENS]
-    server = serve.Server(cfg, params, tok, name="m", max_batch=max(CLIENTS), max_len=MAX_LEN,
+    server = serving.Server(cfg, params, tok, name="m", max_batch=max(CLIENTS), max_len=MAX_LEN,
                           max_queue=64)
     start = time.perf_counter()
     server.warmup((PROMPT_TOKENS,))

@@ -29,17 +29,17 @@ def main():
   from selenium.webdriver.common.by import By
   from selenium.webdriver.support.ui import WebDriverWait
 
-  from t2mlr_jax import serve
+  from t2mlr_jax import server as serving
   from t2mlr_jax.loading import load_model_and_tokenizer
   cfg, params, found = load_model_and_tokenizer(smollm2_gguf())
-  server = serve.Server(cfg, params, found.tokenizer, name="SmolLM2-135M-Instruct",
+  server = serving.Server(cfg, params, found.tokenizer, name="SmolLM2-135M-Instruct",
                         max_batch=1, max_len=512)
   server.warmup((64,))
   server.scheduler.start()
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  uv, thread = serve.run_in_thread(server, port)
+  uv, thread = serving.run_in_thread(server, port)
   os.environ["SE_OFFLINE"] = "true"
   options = webdriver.ChromeOptions()
   options.binary_location = "/usr/bin/chromium"

@@ -11,10 +11,9 @@ import re
 import sys
 from typing import Callable, Optional, Sequence
 
-import jax
 from absl import app, flags
 
-from t2mlr_jax import registry, topologies
+from t2mlr_jax import platforms, registry
 
 USAGE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, LookupError, OSError)
 
@@ -65,6 +64,8 @@ def _flag_error(error: BaseException) -> str:
   bad = re.match(r"flag (--[\w.]+)=(.*?): (.*)$", text)
   if bad:
     name, value, why = bad.groups()
+    if "must have a value other than None" in why:     # mark_flags_as_required
+      return f"{name} is required (--helpshort lists the flags)"
     allowed = next((a for key, a in _FLAG_TYPES if key in why), None)
     return f"{name}={value!r} is invalid: " + (f"allowed {allowed}" if allowed else why)
   return text[:1].lower() + text[1:]
@@ -78,8 +79,20 @@ def _parse_flags(argv: Sequence[str]):
   except flags.Error as e:
     if _verbose(argv):
       raise
-    print(f"error: {_flag_error(e)} (--helpshort lists the flags)", file=sys.stderr)
+    message = _flag_error(e)
+    if "--helpshort" not in message:
+      message += " (--helpshort lists the flags)"
+    print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def config_value(holder):
+  """The experiment config a `config_flags` flag holds. ml_collections keeps a config
+  file's load error (a missing file, a failing get_config) until the config is first
+  read: read it here, so the error comes before the library loads."""
+  config = holder.value
+  config.keys()
+  return config
 
 
 def import_user_modules(args: Sequence[str]) -> list[str]:
@@ -99,17 +112,17 @@ def skip_absent_tpu() -> Optional[str]:
   (the CUDA plugin's, then the CPU). Returns the platforms chosen, or None (untouched).
   Compiling for TPUs needs no TPU backend: the compile tool's devices are libtpu's
   compile-only ones."""
-  if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
+  if platforms.chosen():
     return None
   if importlib.util.find_spec("libtpu") is None:
     return None
-  if topologies.host_has_tpu_chips():
+  if platforms.host_has_tpu_chips():
     return None
   cuda = any(importlib.util.find_spec(m) is not None
              for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
-  platforms = "cuda,cpu" if cuda else "cpu"
-  jax.config.update("jax_platforms", platforms)
-  return platforms
+  choice = "cuda,cpu" if cuda else "cpu"
+  platforms.use(choice)
+  return choice
 
 
 def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:

@@ -24,19 +24,18 @@ import json
 import os
 import sys
 
+from absl import flags
+from ml_collections import config_flags
+
+from t2mlr_jax import cli, platforms
+
 # several compiling processes may load libtpu at once (it locks /tmp/libtpu_lockfile)
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 if "JAX_PLATFORMS" not in os.environ:
   # compile-only devices come from libtpu / the CUDA plugin; the host computes nothing but
   # stays on CPU (libtpu's complaints about missing chips are then harmless, and the CUDA
   # plugin does not look for a GPU)
-  import jax
-  jax.config.update("jax_platforms", "cpu")
-
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from t2mlr_jax import aot as compile_report, cli
+  platforms.use("cpu")
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=False)
@@ -55,8 +54,11 @@ EXIT_FITS, EXIT_USAGE, EXIT_DOES_NOT_FIT = 0, 2, 3
 
 def main(argv):
   del argv
+  config = cli.config_value(_CONFIG)     # a missing config file is an argument error
+  # the library (and JAX) load once the flags parse: argument errors print at once
+  from t2mlr_jax import aot as compile_report
   steps = tuple(s.strip() for s in _STEPS.value.split(",") if s.strip())
-  report = compile_report.compile_config(_CONFIG.value, _TOPOLOGY.value, steps=steps,
+  report = compile_report.compile_config(config, _TOPOLOGY.value, steps=steps,
                                          num_slices=_NUM_SLICES.value, log=_say)
   print(compile_report.format_report(report))
   if _OUTPUT.value:

@@ -108,6 +108,9 @@ class ScheduleOptions:
 
   def __init__(self, values: Optional[Mapping] = None, **kw):
     given = {**dict(values or {}), **kw}
+    if not given:          # all defaults: nothing to check (ModelConfig's default, at import)
+      object.__setattr__(self, "_items", ())
+      return
     defaults = schedule_option_defaults()
     unknown = [k for k in given if k not in defaults]
     if unknown:

@@ -13,9 +13,7 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
-from t2mlr_jax import cli, distributed
-from t2mlr_jax.train.loop import NonFiniteLossError, train
-from t2mlr_jax.train.metrics import quiet_absl_logs
+from t2mlr_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
@@ -32,9 +30,13 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
   del argv
+  config = cli.config_value(_CONFIG)     # a missing config file is an argument error
+  # the library (and JAX) load once the flags parse: argument errors print at once
+  from t2mlr_jax import distributed
+  from t2mlr_jax.train.loop import NonFiniteLossError, train
+  from t2mlr_jax.train.metrics import quiet_absl_logs
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   quiet_absl_logs()
-  config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("workdirs", config.get("name", "run"))
   try:
     metrics = train(config, workdir, progress=_PROGRESS.value)

@@ -5,13 +5,16 @@ their own files (`model/recurrence/t2mlr.py`, `model/schedules/jacobi.py`, ...);
 user's file registers its own the same way and is imported first with `--user_module`
 (`import_user_module`). Everything else iterates over the registries and reads the
 allowed names when asked, never at import time, so an entry registered later is known.
+A registry imports the package of its built-in entries on first use, so they come first
+and are there whichever of the library's modules a program imported.
 
-This module imports nothing else of the library's.
+This module imports nothing else of the library's at import time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import os
 import sys
@@ -24,15 +27,26 @@ T = TypeVar("T")
 class Registry(Generic[T]):
   """Named entries of one extension point, in registration order."""
 
-  def __init__(self, what: str, field: str, check: Optional[Callable] = None):
+  def __init__(self, what: str, field: str, builtins: str,
+               check: Optional[Callable] = None):
     self.what = what          # what an entry is, for messages ("recurrence type")
     self.field = field        # the config field that names one ("recurrence.type")
+    self.builtins = builtins  # the module whose import registers the built-in entries
     self.check = check        # (entry, the other entries) -> None; raises on a clash
     self._entries: dict[str, T] = {}
+    self._builtins_loaded = False
+
+  def _load_builtins(self) -> None:
+    """Import the built-in entries' module once (they register themselves), before any
+    other entry is registered or a name is looked up."""
+    if not self._builtins_loaded:
+      self._builtins_loaded = True      # first: their own registering reads the registry
+      importlib.import_module(self.builtins)
 
   def register(self, entry: T) -> T:
     """Add `entry` under `entry.name`; registering another object under a taken name is
     refused (re-registering the same object, e.g. a module imported twice, is not)."""
+    self._load_builtins()
     name = entry.name
     if not isinstance(name, str) or not name.isidentifier():
       raise ValueError(f"{self.what} name {name!r} is invalid: allowed a Python identifier")
@@ -52,6 +66,7 @@ class Registry(Generic[T]):
   def get(self, name: str, field: Optional[str] = None) -> T:
     """The entry called `name`; an unknown name is one error naming the field and the
     names registered now."""
+    self._load_builtins()
     if name not in self._entries:
       raise ValueError(f"{field or self.field}={name!r} is invalid: allowed one of "
                        f"{self.names()}")
@@ -59,20 +74,22 @@ class Registry(Generic[T]):
 
   def names(self) -> tuple[str, ...]:
     """The registered names, in registration order."""
+    self._load_builtins()
     return tuple(self._entries)
 
   def values(self) -> tuple[T, ...]:
     """The registered entries, in registration order."""
+    self._load_builtins()
     return tuple(self._entries.values())
 
   def __contains__(self, name) -> bool:
-    return name in self._entries
+    return name in self.names()
 
   def __iter__(self) -> Iterator[str]:
-    return iter(tuple(self._entries))
+    return iter(self.names())
 
   def __len__(self) -> int:
-    return len(self._entries)
+    return len(self.names())
 
 
 # The interface functions every recurrence type answers (model/recurrence/__init__.py says
@@ -234,9 +251,11 @@ def _same_option_defaults(entry: Schedule, others) -> None:
                          f"{default!r}: share it with the same default or choose another name")
 
 
-RECURRENCES: Registry[RecurrenceType] = Registry("recurrence type", "recurrence.type")
-FAMILIES: Registry[ModelFamily] = Registry("model family", "model.arch")
-SCHEDULES: Registry[Schedule] = Registry("schedule", "mode", check=_same_option_defaults)
+RECURRENCES: Registry[RecurrenceType] = Registry("recurrence type", "recurrence.type",
+                                                  "t2mlr_jax.model.recurrence")
+FAMILIES: Registry[ModelFamily] = Registry("model family", "model.arch", "t2mlr_jax.model.api")
+SCHEDULES: Registry[Schedule] = Registry("schedule", "mode", "t2mlr_jax.model.schedules",
+                                         check=_same_option_defaults)
 
 
 def schedule_option_defaults() -> dict:

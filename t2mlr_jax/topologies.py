@@ -23,7 +23,6 @@ is judged against what a JAX process gets on the card (`GpuTopology.hbm_bytes`).
 from __future__ import annotations
 
 import dataclasses
-import glob
 import importlib.util
 import math
 import os
@@ -32,6 +31,8 @@ from typing import Optional, Union
 
 import jax
 from jax.experimental import topologies as jax_topologies
+
+from t2mlr_jax.platforms import host_has_tpu_chips
 
 GiB = 2 ** 30
 MiB = 2 ** 20
@@ -338,14 +339,6 @@ def resolve(name: str) -> Union[Topology, GpuTopology]:
     return Topology(name, g, name.strip(), "megacore" if g.megacore else None,
                     math.prod(sizes))
   raise _unknown(name)
-
-
-TPU_DEVICE_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*")   # a TPU VM's chips
-
-
-def host_has_tpu_chips() -> bool:
-  """Whether this host is a TPU VM (its chips appear as device files)."""
-  return any(glob.glob(pattern) for pattern in TPU_DEVICE_FILES)
 
 
 def _answer_libtpus_host_questions() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from t2mlr_jax import generate, stream
-from t2mlr_jax.chat import ChatSession
+from t2mlr_jax.chat_session import ChatSession
 from t2mlr_jax.loading import load_model_and_tokenizer
 
 from _gguf_fixtures import write_tiny_gguf

@@ -12,7 +12,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from t2mlr_jax import serve
+from t2mlr_jax import server as serving
 from t2mlr_jax.loading import load_model_and_tokenizer
 
 from _gguf_fixtures import write_tiny_gguf
@@ -38,7 +38,7 @@ def running(tmp_path_factory):
   path = tmp_path_factory.mktemp("page") / "tiny.gguf"
   write_tiny_gguf(path)
   cfg, params, found = load_model_and_tokenizer(str(path))
-  run = Running(serve.Server(cfg, params, found.tokenizer, name="tiny", max_batch=2,
+  run = Running(serving.Server(cfg, params, found.tokenizer, name="tiny", max_batch=2,
                              max_len=128))
   yield run
   run.stop()

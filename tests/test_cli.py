@@ -59,7 +59,9 @@ def test_flag_errors_say_what_is_allowed():
        "--progress='maybe' is invalid: allowed true or false"),
       ("flag --config.optimizer.lr=fast: could not convert string to float: 'fast'",
        "--config.optimizer.lr='fast' is invalid: allowed a number"),
-      ("Unknown command line flag 'bogus'", "unknown command line flag 'bogus'")]:
+      ("Unknown command line flag 'bogus'", "unknown command line flag 'bogus'"),
+      ("flag --topology=None: Flag --topology must have a value other than None.",
+       "--topology is required (--helpshort lists the flags)")]:
     assert cli._flag_error(flags.Error(text)) == want
 
 
@@ -113,3 +115,29 @@ def test_a_diverging_run_says_so_once_and_exits_3(tmp_path):
   said = run.stdout + run.stderr
   assert said.count("non-finite loss or gradient") == 1, said[-3000:]
   assert "error: non-finite loss or gradient at step" in run.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("t2mlr_jax.main",), ("t2mlr_jax.main", "--config=configs/nope.py"),
+    ("t2mlr_jax.main", "--bogus=1"), ("t2mlr_jax.evaluate",),
+    ("t2mlr_jax.evaluate", "--task=gsm8k"), ("t2mlr_jax.chat",), ("t2mlr_jax.serve",),
+    ("t2mlr_jax.compile", "--topology=v5e-4"),
+    ("t2mlr_jax.compile", "--config=configs/nope.py", "--topology=v5e-4"),
+    ("t2mlr_jax.convert", "--from-hf=x"), ("t2mlr_jax.convert", "--from=x")],
+    ids=["main-nothing", "main-missing-config", "main-unknown-flag", "evaluate-nothing",
+         "evaluate-no-data", "chat-no-model", "serve-no-model", "compile-no-config",
+         "compile-missing-config", "convert-no-output", "convert-no-hf-output"])
+def test_argument_errors_come_before_jax_loads(tmp_path, args):
+  """A command's argument errors (a missing or unknown flag, a missing config file) print
+  before the library and JAX load (seconds on a busy machine): exit 2, JAX not imported."""
+  module, argv = args[0], [args[0], *args[1:]]
+  code = ("import runpy, sys\n"
+          f"sys.argv = {argv!r}\n"
+          "try:\n"
+          f"  runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+          "except SystemExit as e:\n"
+          "  print(e.code, 'jax' in sys.modules, 't2mlr_jax.model' in sys.modules)\n")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert run.stdout.split() == ["2", "False", "False"], (run.stdout, run.stderr[-2000:])
+  assert "error" in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]

@@ -15,7 +15,7 @@ from t2mlr_jax.convert import hf  # noqa: E402
 from t2mlr_jax.convert.__main__ import main as convert_main  # noqa: E402
 from t2mlr_jax.data.pipeline import make_iterator  # noqa: E402
 from t2mlr_jax.data.tokenizer import load_tokenizer  # noqa: E402
-from t2mlr_jax.evaluate import evaluate_downstream  # noqa: E402
+from t2mlr_jax.eval.jobs import evaluate_downstream  # noqa: E402
 from t2mlr_jax.losses import cross_entropy  # noqa: E402
 from t2mlr_jax.train import tasks  # noqa: E402
 from t2mlr_jax.train.config import model_config  # noqa: E402

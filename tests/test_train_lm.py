@@ -11,7 +11,7 @@ import pytest
 
 from t2mlr_jax import checkpoint
 from t2mlr_jax.data import prepare
-from t2mlr_jax.evaluate import evaluate_bpb_task
+from t2mlr_jax.eval.jobs import evaluate_bpb_task
 from t2mlr_jax.train import loop
 from t2mlr_jax.train.metrics import read_metrics
 

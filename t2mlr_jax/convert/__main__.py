@@ -20,9 +20,7 @@ import argparse
 import os
 import shutil
 
-from t2mlr_jax import checkpoint, cli, loading
-from t2mlr_jax.convert import gguf, hf
-from t2mlr_jax.model.recurrence.t2mlr import T2MLRConfig
+from t2mlr_jax import cli
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
@@ -57,13 +55,19 @@ def main(argv=None):
   p.add_argument("--gate_gain", type=float, default=1e-2, help="gate init gain (retrofit)")
   p.add_argument("--verbose", action="store_true", help="show the full traceback of an error")
   args = p.parse_args(argv)
+  if (args.from_hf or args.from_gguf) and not args.to:
+    p.error("--from-hf / --from-gguf need --to OUT")
+  if (args.l_start is None) != (args.l_end is None):
+    p.error("give both --l_start and --l_end to add a T2MLR block")
+  if args.from_ckpt and not args.to_hf:
+    p.error("--from needs --to-hf HF_DIR")
+  # the library (and JAX) load once the arguments parse: argument errors print at once
+  from t2mlr_jax import checkpoint, loading
+  from t2mlr_jax.convert import gguf, hf
+  from t2mlr_jax.model.recurrence.t2mlr import T2MLRConfig
 
   if args.from_hf or args.from_gguf:
-    if not args.to:
-      p.error("--from-hf / --from-gguf need --to OUT")
     recurrence = None
-    if (args.l_start is None) != (args.l_end is None):
-      p.error("give both --l_start and --l_end to add a T2MLR block")
     if args.l_start is not None:
       recurrence = T2MLRConfig(l_start=args.l_start, l_end=args.l_end, gate_gain=args.gate_gain)
     checkpoint.check_export_target(args.to)       # before reading a multi-GB source
@@ -77,8 +81,6 @@ def main(argv=None):
     copied = copy_tokenizer(args.from_hf, args.to)
     print(f"wrote {args.to} ({cfg.num_params():,} parameters; tokenizer files: {copied})")
   else:
-    if not args.to_hf:
-      p.error("--from needs --to-hf HF_DIR")
     cfg, params = checkpoint.load(args.from_ckpt, args.step)
     hf.check_llama_compatible(cfg)             # refuse before any note or directory
     try:              # the tokenizer the model came with (a workdir's data or init_from)

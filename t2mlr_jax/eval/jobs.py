@@ -1,0 +1,101 @@
+"""The evaluations `python -m t2mlr_jax.evaluate` runs, callable from Python: a training
+run's checkpoint on its own task, a downstream benchmark, bits per byte on a prepared
+dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from t2mlr_jax import checkpoint, loading
+from t2mlr_jax.data import lm, multiple_choice as mc, sft
+from t2mlr_jax.data.pipeline import stack_batches
+from t2mlr_jax.eval import downstream
+from t2mlr_jax.eval.bpb import evaluate_bpb
+from t2mlr_jax.train.checkpointer import Checkpointer
+from t2mlr_jax.train.tasks import get_task, run_eval
+
+
+def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
+  """The training task's own evaluation of a workdir's checkpoint (latest step by default)
+  in `mode`: {step, task, mode, **metrics}, the numbers the trainer logs."""
+  ckpt = Checkpointer(workdir, read_only=True)
+  step = ckpt.latest_step() if step is None else step
+  ckpt.manager.close()
+  if step is None:
+    raise ValueError(f"no checkpoint found under {workdir}/checkpoints")
+  config = checkpoint.load_config(workdir, step)
+  cfg, params = checkpoint.load(workdir, step)
+  task = get_task(config)
+  results = run_eval(task, config, params, cfg, task.eval_batches(config), mode)
+  return {"step": step, "task": config.data.task, "mode": mode, **results}
+
+
+def _trained_tokenizer_hash(model: str):
+  """The tokenizer hash of the prepared dataset a training workdir learned from (None
+  when the model is not such a workdir or the dataset is not readable here)."""
+  config_file = os.path.join(model, "config.json")
+  if not os.path.isdir(os.path.join(model, "checkpoints")) or not os.path.isfile(config_file):
+    return None
+  with open(config_file) as f:
+    data = json.load(f).get("data", {})
+  if data.get("task") != "lm" or not data.get("path"):
+    return None
+  try:
+    return lm.read_manifest(data["path"])["tokenizer"]["sha256"]
+  except (ValueError, OSError):
+    return None
+
+
+def views_for(cfg) -> list[str]:
+  """parallel, the training view and exact for a recurrent model; parallel otherwise."""
+  rec = getattr(cfg, "recurrence", None)
+  if rec is None:
+    return ["parallel"]
+  return ["parallel", rec.default_schedule, "exact"]
+
+
+def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
+                      blocks=None, modes=None, batch_size: int = 8) -> dict:
+  """Bits per byte of a model on a prepared dataset's split, in each view."""
+  manifest = lm.read_manifest(data)
+  cfg, params = loading.load_model(model, field="--model")
+  block, vocab = manifest["block_size"], manifest["tokenizer"]["vocab_size"]
+  if block > cfg.max_seq_len:
+    raise ValueError(f"--data block size {block} is larger than the model's max_seq_len="
+                     f"{cfg.max_seq_len}")
+  if vocab > cfg.vocab_size:
+    raise ValueError(f"--data tokenizer has {vocab} tokens, the model only {cfg.vocab_size}")
+  trained = _trained_tokenizer_hash(model)
+  if trained is not None and trained != manifest["tokenizer"]["sha256"]:
+    raise ValueError(f"--data {data!r} was tokenized with another tokenizer than the one "
+                     f"{model!r} was trained with (sha256 {trained[:12]}…)")
+  examples = lm.spread(lm.BlockSource(data, split), blocks)
+  batches = stack_batches(examples, block, batch_size)
+  token_bytes = lm.token_bytes(data)
+  views = {m: evaluate_bpb(params, cfg, batches, token_bytes, mode=m)
+           for m in (modes or views_for(cfg))}
+  return {"data": data, "split": split, "blocks": len(examples), "views": views}
+
+
+def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, chat=False,
+                        max_new_tokens=512, batch_size=8, prompt_control_flow=1,
+                        add_bos=False, labels=None):
+  """Score a model (any source `loading` opens) on a downstream task: generation
+  tasks (GSM8K-style `###` answers) by greedy decoding, multiple-choice tasks by the
+  summed log-likelihood of each choice. Returns the task's metrics dict."""
+  cfg, params, found = loading.load_model_and_tokenizer(model, tokenizer=tokenizer_dir,
+                                                        field="--model")
+  tokenizer = found.tokenizer
+  if task in downstream.GENERATION_TASKS:
+    records = sft.read_records(data)[:limit]   # JSONL or tfds:NAME:SPLIT
+    return downstream.evaluate_generation(
+        task, params, cfg, tokenizer, records, chat=chat, max_new_tokens=max_new_tokens,
+        batch_size=batch_size, prompt_control_flow=prompt_control_flow, add_bos=add_bos)
+  if task in downstream.MC_TASKS:
+    kwargs = {"labels_path": labels} if task == "piqa" and labels else {}
+    examples = mc.read_task(task, data, **kwargs)[:limit]
+    return downstream.evaluate_multiple_choice(task, params, cfg, tokenizer, examples,
+                                               add_bos=add_bos, batch_size=batch_size)
+  raise ValueError(f"--task={task!r} is invalid: allowed "
+                   f"{downstream.GENERATION_TASKS + downstream.MC_TASKS}")
