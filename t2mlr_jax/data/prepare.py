@@ -28,6 +28,7 @@ from absl import app, flags
 from array_record.python.array_record_module import ArrayRecordWriter
 from tqdm import tqdm
 
+from t2mlr_jax import cli
 from t2mlr_jax.data import lm, text
 
 ENCODE_BATCH = 64          # documents per tokenizer call
@@ -162,20 +163,17 @@ def main(argv=None):
     del argv
     if not train.value or not out.value:
       raise app.UsageError("--train and --out are required")
-    try:
-      manifest = prepare(train.value, out.value, validation=validation.value,
-                         tokenizer=tokenizer.value, train_tokenizer=train_tok.value,
-                         vocab_size=vocab.value, block_size=block.value,
-                         blocks_per_shard=per_shard.value, text_field=field.value,
-                         tfds_data_dir=tfds_dir.value, overwrite=overwrite.value)
-    except ValueError as e:
-      raise SystemExit(f"error: {e}") from None
+    manifest = prepare(train.value, out.value, validation=validation.value,
+                       tokenizer=tokenizer.value, train_tokenizer=train_tok.value,
+                       vocab_size=vocab.value, block_size=block.value,
+                       blocks_per_shard=per_shard.value, text_field=field.value,
+                       tfds_data_dir=tfds_dir.value, overwrite=overwrite.value)
     for name, info in manifest["splits"].items():
       print(f"{name}: {info['documents']} documents, {info['tokens']} tokens, "
             f"{info['bytes']} bytes -> {info['blocks']} blocks of {manifest['block_size']} "
             f"in {len(info['shards'])} shard(s)")
     print(f"wrote {out.value}")
-  app.run(run, argv)
+  cli.run(run, argv)
 
 
 if __name__ == "__main__":
