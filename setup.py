@@ -11,7 +11,7 @@ setup(
     description="Transformers with temporal middle-layer recurrence (T2MLR) in JAX/Flax",
     packages=find_packages(include=["t2mlr_jax", "t2mlr_jax.*"]),
     # the GPU cards' compiler targets (topologies.CARDS); the server's chat page
-    package_data={"t2mlr_jax": ["gpu_targets/*.txtpb", "chat_page.html"]},
+    package_data={"t2mlr_jax": ["accel/gpu_targets/*.txtpb", "serving/chat_page.html"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.7,<0.12",

@@ -48,19 +48,19 @@ MODULES = (
      "schedule's options"),
     ("t2mlr_jax.checkpoint", None, "the loader of training checkpoints and parameter "
      "exports"),
-    ("t2mlr_jax.train.checkpointer", None, "a training run's Orbax checkpoints (save, "
+    ("t2mlr_jax.checkpoint", None, "a training run's Orbax checkpoints (save, "
      "restore, resume_step)"),
-    ("t2mlr_jax.tensorstore_reads", None, "TensorStore's failed reads after a failed restore"),
+    ("t2mlr_jax.train.tensorstore_reads", None, "TensorStore's failed reads after a failed restore"),
     ("t2mlr_jax.eval.jobs", None, "the evaluations `python -m t2mlr_jax.evaluate` runs: a "
      "checkpoint, a downstream task, bits per byte"),
-    ("t2mlr_jax.chat_session", None, "a chat whose answers stream (`python -m "
+    ("t2mlr_jax.serving.chat_session", None, "a chat whose answers stream (`python -m "
      "t2mlr_jax.chat`)"),
     ("t2mlr_jax.convert.hf", None, "Hugging Face Llama-family checkpoints, both ways"),
     ("t2mlr_jax.convert.gguf", None, "GGUF files, both ways"),
     ("t2mlr_jax.convert.official", None, "the official T2MLR release's checkpoints"),
     ("t2mlr_jax.convert.official_lrt", None, "the official LRT release's checkpoints"),
     ("t2mlr_jax.convert.pretrained", None, "any pretrained source by path"),
-    ("t2mlr_jax.loading", None, "any model with its tokenizer, by path (lm-eval, "
+    ("t2mlr_jax.convert.loading", None, "any model with its tokenizer, by path (lm-eval, "
      "`convert --to-hf`)"),
     ("t2mlr_jax.train.loop", None, "the training loop (`python -m t2mlr_jax.main`)"),
     ("t2mlr_jax.train.config", None, "the experiment config and its validation"),
@@ -75,12 +75,12 @@ MODULES = (
     ("t2mlr_jax.data.sft", None, "supervised fine-tuning data"),
     ("t2mlr_jax.data.gutenberg", None, "the Shakespeare/Milton text corpus"),
     ("t2mlr_jax.sharding", None, "device mesh and partition specs"),
-    ("t2mlr_jax.aot", None, "compiling a config's steps for a TPU slice or a GPU node "
+    ("t2mlr_jax.accel.aot", None, "compiling a config's steps for a TPU slice or a GPU node "
      "(`python -m t2mlr_jax.compile`)"),
-    ("t2mlr_jax.topologies", None, "TPU slices and GPU nodes by name, for compiling "
+    ("t2mlr_jax.accel.topologies", None, "TPU slices and GPU nodes by name, for compiling "
      "without the hardware"),
     ("t2mlr_jax.train.step", None, "the train state and the jitted train step"),
-    ("t2mlr_jax.distributed", None, "multi-process runs"),
+    ("t2mlr_jax.accel.distributed", None, "multi-process runs"),
 )
 
 # Classes documented with a field table (their constructor is the table).

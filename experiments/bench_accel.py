@@ -205,7 +205,8 @@ def compile_only(topology, shapes, batch, seq_len) -> dict:
   from jax.sharding import NamedSharding, PartitionSpec
 
   import t2mlr_jax
-  from t2mlr_jax import aot, sharding, topologies
+  from t2mlr_jax import sharding
+  from t2mlr_jax.accel import aot, topologies
   from t2mlr_jax.eval import runner
   from t2mlr_jax.model import kernels
   from t2mlr_jax.train.step import abstract_state, state_shardings

@@ -48,7 +48,7 @@ def _pct(xs, q):
 def models():
   """{name: (cfg, params, tokenizer)}: SmolLM2-135M-Instruct and its T2MLR retrofit."""
   from t2mlr_jax import T2MLRConfig, init_params
-  from t2mlr_jax.loading import load_model_and_tokenizer
+  from t2mlr_jax.convert.loading import load_model_and_tokenizer
   cfg, params, found = load_model_and_tokenizer(smollm2_gguf())
   rcfg = cfg.replace(recurrence=T2MLRConfig(l_start=12, l_end=17, gate_gain=1e-2))
   rec = dict(init_params(rcfg, jax.random.PRNGKey(0))["recurrence"])
@@ -81,7 +81,7 @@ def _stream_once(base: str, ids: list) -> dict:
 
 def serve_cell(server, ids, clients: int) -> dict:
   """`clients` threads, each streaming REQUESTS_PER_CLIENT completions back to back."""
-  from t2mlr_jax import server as serving
+  from t2mlr_jax.serving import server as serving
   port = _free_port()
   uv, thread = serving.run_in_thread(server, port)
   base = f"http://127.0.0.1:{port}"
@@ -166,7 +166,7 @@ def main():
                  new_tokens=NEW_TOKENS, max_len=MAX_LEN,
                  requests_per_client=REQUESTS_PER_CLIENT)
   todo = [n for n in names if redo or n not in results["cells"]]
-  from t2mlr_jax import server as serving
+  from t2mlr_jax.serving import server as serving
   loaded = models()
   for model in dict.fromkeys(CELLS[n][0] for n in todo):
     cfg, params, tok = loaded[model]

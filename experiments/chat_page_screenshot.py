@@ -29,8 +29,8 @@ def main():
   from selenium.webdriver.common.by import By
   from selenium.webdriver.support.ui import WebDriverWait
 
-  from t2mlr_jax import server as serving
-  from t2mlr_jax.loading import load_model_and_tokenizer
+  from t2mlr_jax.convert.loading import load_model_and_tokenizer
+  from t2mlr_jax.serving import server as serving
   cfg, params, found = load_model_and_tokenizer(smollm2_gguf())
   server = serving.Server(cfg, params, found.tokenizer, name="SmolLM2-135M-Instruct",
                         max_batch=1, max_len=512)

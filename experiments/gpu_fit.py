@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 from bench_common import cells_command, read_json, write_json  # noqa: E402
 
 OUT = os.path.join(ROOT, "experiments", "results", "gpu_fit.json")
-MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"     # t2mlr_jax.topologies reads it
+MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"     # t2mlr_jax.accel.topologies reads it
 
 # name -> (config, topology, overrides, why this cell)
 CELLS = {

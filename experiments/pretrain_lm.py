@@ -369,8 +369,8 @@ def main():
   unknown = [n for n in names if n not in ARMS]
   if unknown:
     p.error(f"--arms: unknown {unknown}; allowed {sorted(ARMS)}")
+  from t2mlr_jax.cli import quiet_absl_logs
   from t2mlr_jax.data import lm
-  from t2mlr_jax.train.metrics import quiet_absl_logs
   quiet_absl_logs()
   ensure_data(args.data)
   manifest = lm.read_manifest(args.data)

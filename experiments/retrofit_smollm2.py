@@ -170,7 +170,7 @@ def main():
   p.add_argument("--out", default=os.path.join(RESULTS, "retrofit_smollm2.json"))
   args = p.parse_args()
   args.out = os.path.abspath(args.out)      # bench_common reads a relative path under results/
-  from t2mlr_jax.train.metrics import quiet_absl_logs
+  from t2mlr_jax.cli import quiet_absl_logs
   quiet_absl_logs()
   os.makedirs(args.workdir, exist_ok=True)
   gguf_path = args.gguf or find_gguf()

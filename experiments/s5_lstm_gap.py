@@ -106,7 +106,7 @@ def add_slots(name: str, run: dict, workroot: str) -> bool:
   """Adds `value_acc_by_slot` (value accuracy per character, the trainer's evaluation
   rerun on the run's last checkpoint) to a record made before the metric existed; False
   when the record has it or its workdir does not hold that checkpoint."""
-  from t2mlr_jax.eval.jobs import evaluate_checkpoint
+  from t2mlr_jax.train.tasks import evaluate_checkpoint
   step = run.get("stopped_at_eval", run["steps"])
   workdir = workdir_of(run["variant"], run["arm"], run["seed"], workroot)
   if "value_acc_by_slot" in run or not os.path.isdir(

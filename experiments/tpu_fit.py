@@ -137,7 +137,7 @@ def _gib(x) -> str:
 def table(results: dict) -> str:
   """The docs' markdown table of the recorded cells, in CELLS order."""
   sys.path.insert(0, ROOT)
-  from t2mlr_jax import topologies
+  from t2mlr_jax.accel import topologies
   rows = ["| config | slice (devices) | mode, batch | state per chip: sharded + replicated "
           "GiB | temporaries GiB | total / HBM GiB | fits | smallest fitting "
           "`grad_accum_steps` |", "|---|---|---|---|---|---|---|---|"]

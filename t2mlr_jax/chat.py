@@ -40,10 +40,9 @@ def main(argv=None):
   def run(argv):
     del argv
     # the library (and JAX) load once the flags parse: argument errors print at once
-    from t2mlr_jax import loading
-    from t2mlr_jax.chat_session import ChatSession, stats_line
-    from t2mlr_jax.train.metrics import quiet_absl_logs
-    quiet_absl_logs()
+    from t2mlr_jax.convert import loading
+    from t2mlr_jax.serving.chat_session import ChatSession, stats_line
+    cli.quiet_absl_logs()
     cfg, params, found = loading.load_model_and_tokenizer(model.value, tokenizer=tokenizer.value,
                                                           field="--model")
     tok = found.tokenizer

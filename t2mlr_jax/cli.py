@@ -11,9 +11,10 @@ import re
 import sys
 from typing import Callable, Optional, Sequence
 
-from absl import app, flags
+from absl import app, flags, logging
 
-from t2mlr_jax import platforms, registry
+from t2mlr_jax import registry
+from t2mlr_jax.accel import platforms
 
 USAGE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, LookupError, OSError)
 
@@ -164,3 +165,10 @@ def guard(main: Callable[[], None], argv: Optional[Sequence[str]] = None) -> Non
     if _verbose(args):
       raise
     _report(e, args)
+
+
+def quiet_absl_logs() -> None:
+  """Orbax logs every checkpoint step at INFO: keep command-line runs to warnings
+  unless --verbosity was given."""
+  if "verbosity" in flags.FLAGS and not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)

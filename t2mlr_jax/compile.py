@@ -27,7 +27,8 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from t2mlr_jax import cli, platforms
+from t2mlr_jax import cli
+from t2mlr_jax.accel import platforms
 
 # several compiling processes may load libtpu at once (it locks /tmp/libtpu_lockfile)
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -56,7 +57,7 @@ def main(argv):
   del argv
   config = cli.config_value(_CONFIG)     # a missing config file is an argument error
   # the library (and JAX) load once the flags parse: argument errors print at once
-  from t2mlr_jax import aot as compile_report
+  from t2mlr_jax.accel import aot as compile_report
   steps = tuple(s.strip() for s in _STEPS.value.split(",") if s.strip())
   report = compile_report.compile_config(config, _TOPOLOGY.value, steps=steps,
                                          num_slices=_NUM_SLICES.value, log=_say)

@@ -69,8 +69,8 @@ def main(argv):
   # the library (and JAX) load once the flags parse: argument errors print at once
   from t2mlr_jax.eval import downstream, jobs
   from t2mlr_jax.model.modes import mode_names
-  from t2mlr_jax.train.metrics import quiet_absl_logs
-  quiet_absl_logs()
+  from t2mlr_jax.train import tasks
+  cli.quiet_absl_logs()
   if _MODE.value is not None and _MODE.value not in mode_names():
     raise ValueError(f"--mode={_MODE.value!r} is invalid: allowed one of {mode_names()}")
   if _TASK.value == "bpb":
@@ -101,7 +101,7 @@ def main(argv):
   if not _WORKDIR.value:
     raise app.UsageError(f"--model/--data need --task: allowed bpb, "
                          f"{', '.join(downstream.GENERATION_TASKS + downstream.MC_TASKS)}")
-  results = jobs.evaluate_checkpoint(_WORKDIR.value, _STEP.value, _MODE.value or "exact")
+  results = tasks.evaluate_checkpoint(_WORKDIR.value, _STEP.value, _MODE.value or "exact")
   out = _OUTPUT.value or paths.resolve(_WORKDIR.value) / f"eval_step{results['step']}.json"
   paths.write_text(out, json.dumps(results, indent=2))
   print(json.dumps(results, indent=2))

@@ -13,10 +13,9 @@ from typing import NamedTuple, Optional
 
 import jax
 
+from t2mlr_jax.accel.topologies import CARDS, GENERATIONS
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.model import recurrence
-from t2mlr_jax.registry import SCHEDULES
-from t2mlr_jax.topologies import CARDS, GENERATIONS
+from t2mlr_jax.registry import SCHEDULES, recurrence_of
 
 # Dense peak FLOP/s per device, for MFU (bf16 unless noted): the listed GPU cards and TPU
 # generations from the topology tables (per core on v2 / v3, whose devices are cores; per
@@ -94,7 +93,7 @@ def pass_costs(cfg: ModelConfig, batch: int, seq_len: int) -> PassCosts:
       head=head_flops(cfg, tokens), lower=n["lower"] * per_layer,
       middle=n["middle"] * per_layer, upper=n["upper"] * per_layer, span_mixer=span_mixer,
       above_mixer=mixer_flops(cfg, tokens, above), full_mixer=mixer_flops(cfg, tokens),
-      sweep0_mixer=0.0 if recurrence.of(cfg).plain_state is not None else span_mixer)
+      sweep0_mixer=0.0 if recurrence_of(cfg).plain_state is not None else span_mixer)
 
 
 def _schedule_flops(cfg, batch, seq_len, mode, sweeps, overrides) -> tuple[float, float]:

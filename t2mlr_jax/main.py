@@ -4,7 +4,7 @@ Config overrides go on the command line (`--config.train.num_steps=200`); a
 `:variant` after the config path selects a preset (`configs/s5_retrieval.py:tiny`).
 Resumes automatically when the workdir holds a checkpoint. On several hosts, run one
 process per host with --coordinator_address/--num_processes/--process_id (or their
-JAX_* environment variables; TPU pods and SLURM are detected): see t2mlr_jax/distributed.py.
+JAX_* environment variables; TPU pods and SLURM are detected): see t2mlr_jax/accel/distributed.py.
 """
 
 import os
@@ -32,11 +32,10 @@ def main(argv):
   del argv
   config = cli.config_value(_CONFIG)     # a missing config file is an argument error
   # the library (and JAX) load once the flags parse: argument errors print at once
-  from t2mlr_jax import distributed
+  from t2mlr_jax.accel import distributed
   from t2mlr_jax.train.loop import NonFiniteLossError, train
-  from t2mlr_jax.train.metrics import quiet_absl_logs
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  quiet_absl_logs()
+  cli.quiet_absl_logs()
   workdir = _WORKDIR.value or os.path.join("workdirs", config.get("name", "run"))
   try:
     metrics = train(config, workdir, progress=_PROGRESS.value)

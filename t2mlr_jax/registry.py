@@ -281,6 +281,13 @@ def default_family() -> ModelFamily:
   return next(f for f in FAMILIES.values() if f.default)
 
 
+def recurrence_of(cfg) -> RecurrenceType:
+  """The registered type of cfg.recurrence (the "no recurrence" entry for None)."""
+  if cfg.recurrence is None:
+    return next(t for t in RECURRENCES.values() if t.config is None)
+  return RECURRENCES.get(type(cfg.recurrence).type)
+
+
 def family_of(cfg) -> ModelFamily:
   """The registered family whose config class `cfg` is an instance of."""
   for family in FAMILIES.values():

@@ -4,7 +4,7 @@ Every source `loading` opens (GGUF, Hugging Face directory, export, training wor
 with its tokenizer; `--max_batch` decode slots, each request with its own recurrent state;
 `--host` is loopback unless given (with `--api_key` to require a bearer token). Ready when
 `GET /health` says so; SIGTERM or Ctrl-C stops taking requests and finishes those in
-flight. The server itself: `t2mlr_jax/server.py`; docs/serving.md.
+flight. The server itself: `t2mlr_jax/serving/server.py`; docs/serving.md.
 """
 
 from absl import flags
@@ -40,7 +40,7 @@ def main(argv=None):
       raise ValueError("--model is required: allowed a GGUF file, a Hugging Face directory, an "
                        "export or a training workdir")
     # the library (and JAX) load once the flags parse: argument errors print at once
-    from t2mlr_jax.server import serve_model
+    from t2mlr_jax.serving.server import serve_model
     serve_model(model.value, step=step.value, tokenizer=tokenizer.value, dtype=dtype.value,
                 host=host.value, port=port.value, max_batch=max_batch.value,
                 max_len=max_len.value, max_queue=max_queue.value, api_key=api_key.value,

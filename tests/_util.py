@@ -9,6 +9,9 @@ import numpy as np
 
 from t2mlr_jax import ModelConfig, T2MLRConfig, init_params
 
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))      # tests/ (golden/, fixtures/)
+REPO_ROOT = os.path.dirname(TESTS_DIR)                       # the clone's root
+
 
 def tiny_cfg(l_start=1, l_end=2, n_layers=4, **kw) -> ModelConfig:
   """A 4-layer test model; without a `recurrence`, T2MLR over l_start..l_end with Jacobi
@@ -69,8 +72,7 @@ def write_sdist(path, files: dict) -> str:
 def load_file(*relpath):
   """A script of the repository (experiments/, docs/, configs/) imported as a module."""
   import importlib.util
-  import os
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), *relpath)
+  path = os.path.join(REPO_ROOT, *relpath)
   spec = importlib.util.spec_from_file_location(os.path.splitext(relpath[-1])[0], path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -79,8 +81,7 @@ def load_file(*relpath):
 
 def config_file(name, variant, **overrides):
   """configs/<name>.py's get_config(variant) with "group.field" overrides."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  sys.path.insert(0, os.path.join(root, "configs"))
+  sys.path.insert(0, os.path.join(REPO_ROOT, "configs"))
   try:
     module = __import__(name)
   finally:

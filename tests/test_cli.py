@@ -68,7 +68,7 @@ def test_flag_errors_say_what_is_allowed():
 def test_the_loader_names_the_model_kinds_it_takes(tmp_path):
   """chat, evaluate, lm_eval and convert open models through `loading`; its errors name
   the argument that gave the path."""
-  from t2mlr_jax import loading
+  from t2mlr_jax.convert import loading
   (tmp_path / "empty").mkdir()
   for path, what in [(tmp_path / "empty", "is a directory with no checkpoints/"),
                      (tmp_path / "nope", "does not exist")]:

@@ -53,7 +53,7 @@ def test_the_new_recurrence_type_runs_every_mode_and_schedule(examples):
 
 @pytest.mark.slow       # the library's types under the new schedule
 def test_the_new_schedule_runs_every_recurrence_type(examples):
-  from test_schedules import MODELS
+  from model.test_schedules import MODELS
   for kind, make in MODELS.items():
     cfg, params = make()
     tokens = random_tokens(cfg, 2, T, seed=2)

@@ -101,6 +101,48 @@ def test_imports_name_submodules_or_the_init(tmp_path):
                                        "t2mlr_jax.model.modes"}
 
 
+# The package root: the contracts every room reads, and the `python -m` commands; each
+# concern has a room (a subpackage) of its own.
+CONTRACTS = {"registry", "config", "losses", "flops", "sharding", "paths", "checkpoint", "cli"}
+COMMAND_STEMS = {"main", "evaluate", "chat", "serve", "compile", "lm_eval"}
+ROOMS = {"model", "data", "eval", "train", "convert", "serving", "accel"}
+
+
+def test_the_root_holds_contracts_commands_and_rooms():
+  entries = {os.path.splitext(e)[0] for e in os.listdir(PACKAGE)
+             if not e.startswith(("_", ".")) and (e.endswith(".py") or
+                                                 os.path.isdir(os.path.join(PACKAGE, e)))}
+  assert entries == CONTRACTS | COMMAND_STEMS | ROOMS
+
+
+def _room(module: str) -> str:
+  """A module's node in the rooms' graph: its room, or itself at the root. accel's modules
+  are a node each: its device facts (platforms, topologies) sit below the model (kernels
+  and the cost model read them), its compile report (aot) above training and evaluation."""
+  parts = module.split(".")
+  if len(parts) > 2 and parts[1] == "accel":
+    return ".".join(parts[:3])
+  return ".".join(parts[:2])
+
+
+def test_rooms_import_one_way():
+  """Between any two rooms imports go one way (train reads eval, never the reverse): the
+  rooms' graph has no circle, commands left out (nothing imports them)."""
+  modules = _modules()
+  graph = {}
+  for name, path in modules.items():
+    if name.split(".")[-1] in COMMAND_STEMS and name.count(".") == 1:
+      continue
+    src = _room(name)
+    graph.setdefault(src, set()).update(
+        _room(m) for m in _imports(path, modules) if _room(m) != src)
+  for node in {m for targets in graph.values() for m in targets}:
+    graph.setdefault(node, set())
+  assert _cycles(graph) == []
+  assert "t2mlr_jax.eval" in graph["t2mlr_jax.train"]
+  assert "t2mlr_jax.train" not in graph["t2mlr_jax.eval"]
+
+
 # Top-level modules the package may import inside a function: optional dependencies, none
 # of them in setup.py's install_requires (checked below).
 OPTIONAL = {"torch", "transformers", "lm_eval", "libtpu", "fastapi", "uvicorn", "selenium"}
@@ -245,7 +287,7 @@ def test_training_and_evaluating_need_no_test_dependency(entry):
   training, evaluating and compiling must not import what only tests and converters use
   (the commands and what their main loads)."""
   test_only = ("torch", "transformers", "accelerate", "lm_eval", "pytest")
-  code = (f"import sys, {entry}, t2mlr_jax.train.loop, t2mlr_jax.eval.jobs, t2mlr_jax.aot\n"
+  code = (f"import sys, {entry}, t2mlr_jax.train.loop, t2mlr_jax.eval.jobs, t2mlr_jax.accel.aot\n"
           f"print([m for m in {test_only!r} if m in sys.modules])")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})

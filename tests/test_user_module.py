@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from t2mlr_jax import checkpoint, flops, forward, generate, init_params, loss, registry
-from t2mlr_jax.train.checkpointer import Checkpointer
+from t2mlr_jax.checkpoint import Checkpointer
 from t2mlr_jax.train.config import model_config
 from t2mlr_jax.train.optimizer import decay_mask, param_groups
 

@@ -62,8 +62,8 @@ def main(argv=None):
   if args.from_ckpt and not args.to_hf:
     p.error("--from needs --to-hf HF_DIR")
   # the library (and JAX) load once the arguments parse: argument errors print at once
-  from t2mlr_jax import checkpoint, loading
-  from t2mlr_jax.convert import gguf, hf
+  from t2mlr_jax import checkpoint
+  from t2mlr_jax.convert import gguf, hf, loading
   from t2mlr_jax.model.recurrence.t2mlr import T2MLRConfig
 
   if args.from_hf or args.from_gguf:

@@ -1,34 +1,17 @@
-"""The evaluations `python -m t2mlr_jax.evaluate` runs, callable from Python: a training
-run's checkpoint on its own task, a downstream benchmark, bits per byte on a prepared
-dataset."""
+"""Evaluations `python -m t2mlr_jax.evaluate` runs, callable from Python: a downstream
+benchmark, bits per byte on a prepared dataset (a training run's checkpoint on its own
+task is train.tasks.evaluate_checkpoint)."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from t2mlr_jax import checkpoint, loading
+from t2mlr_jax.convert import loading
 from t2mlr_jax.data import lm, multiple_choice as mc, sft
 from t2mlr_jax.data.pipeline import stack_batches
-from t2mlr_jax.eval import downstream
+from t2mlr_jax.eval import downstream, runner
 from t2mlr_jax.eval.bpb import evaluate_bpb
-from t2mlr_jax.train.checkpointer import Checkpointer
-from t2mlr_jax.train.tasks import get_task, run_eval
-
-
-def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
-  """The training task's own evaluation of a workdir's checkpoint (latest step by default)
-  in `mode`: {step, task, mode, **metrics}, the numbers the trainer logs."""
-  ckpt = Checkpointer(workdir, read_only=True)
-  step = ckpt.latest_step() if step is None else step
-  ckpt.manager.close()
-  if step is None:
-    raise ValueError(f"no checkpoint found under {workdir}/checkpoints")
-  config = checkpoint.load_config(workdir, step)
-  cfg, params = checkpoint.load(workdir, step)
-  task = get_task(config)
-  results = run_eval(task, config, params, cfg, task.eval_batches(config), mode)
-  return {"step": step, "task": config.data.task, "mode": mode, **results}
 
 
 def _trained_tokenizer_hash(model: str):
@@ -45,14 +28,6 @@ def _trained_tokenizer_hash(model: str):
     return lm.read_manifest(data["path"])["tokenizer"]["sha256"]
   except (ValueError, OSError):
     return None
-
-
-def views_for(cfg) -> list[str]:
-  """parallel, the training view and exact for a recurrent model; parallel otherwise."""
-  rec = getattr(cfg, "recurrence", None)
-  if rec is None:
-    return ["parallel"]
-  return ["parallel", rec.default_schedule, "exact"]
 
 
 def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
@@ -74,7 +49,7 @@ def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
   batches = stack_batches(examples, block, batch_size)
   token_bytes = lm.token_bytes(data)
   views = {m: evaluate_bpb(params, cfg, batches, token_bytes, mode=m)
-           for m in (modes or views_for(cfg))}
+           for m in (modes or runner.views(cfg))}
   return {"data": data, "split": split, "blocks": len(examples), "views": views}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -61,3 +62,16 @@ def evaluate(params, cfg: AnyModelConfig, batches, metrics_factory, mode: str = 
     nll_sum += float(to_host(nll))
     count += int(to_host(n))
   return {"loss": nll_sum / max(count, 1), **acc.result()}
+
+
+def views(cfg, train_mode: Optional[str] = "auto") -> tuple[str, ...]:
+  """The views a model is evaluated in, exact (the true recurrence) last: parallel (zero
+  memory), the training view `train_mode` ("auto": the type's own schedule; none when it
+  is None, exact or parallel) and exact for a recurrent model; parallel alone for a model
+  without one, where every view computes the same."""
+  rec = getattr(cfg, "recurrence", None)
+  if rec is None:
+    return ("parallel",)
+  train_mode = rec.default_schedule if train_mode == "auto" else train_mode
+  extra = (train_mode,) if train_mode not in (None, "exact", "parallel") else ()
+  return ("parallel", *extra, "exact")

@@ -41,10 +41,10 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as sa
 from jax.sharding import PartitionSpec as P
 
+from t2mlr_jax.accel.topologies import card_of, generation_of
 from t2mlr_jax.config import ATTENTION_IMPLS, invalid
 from t2mlr_jax.model.attention import attend
 from t2mlr_jax.sharding import batch_axes
-from t2mlr_jax.topologies import card_of, generation_of
 
 SPLASH_BLOCK = 128
 SPLASH_MIN_TPU = 4     # the first TPU generation Mosaic lowers the kernel for

@@ -252,7 +252,7 @@ def swiglu(x, w_gate, w_up, w_down):
   The backward is written out (saving x, x@gate and x@up): from autodiff's version
   XLA:CPU emits transposing elementwise fusions, making the MLP's forward+backward
   3.4× slower at d_model 64 and 1.4× at the 135M shape (docs/performance.md). Same
-  math, same dtype as autodiff's (tests/test_layers.py).
+  math, same dtype as autodiff's (tests/model/test_layers.py).
   """
   return _swiglu_fwd(x, w_gate, w_up, w_down)[0]
 

@@ -26,11 +26,13 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 import t2mlr_jax
-from t2mlr_jax import distributed, flops, paths, sharding, tensorstore_reads
+from t2mlr_jax import checkpoint, flops, paths, sharding
+from t2mlr_jax.accel import distributed
 from t2mlr_jax.convert.pretrained import load_pretrained
 from t2mlr_jax.data.pipeline import make_iterator
+from t2mlr_jax.eval import runner
 from t2mlr_jax.registry import family_of
-from t2mlr_jax.train import checkpointer, config as config_lib, tasks as tasks_lib
+from t2mlr_jax.train import config as config_lib, tasks as tasks_lib, tensorstore_reads
 from t2mlr_jax.train.metrics import MetricsWriter, Progress
 from t2mlr_jax.train.optimizer import make_optimizer
 from t2mlr_jax.train.step import (
@@ -184,7 +186,7 @@ def _unreadable(workdir, step, ckpt, error) -> ValueError:
   tensorstore_reads.quiet_failed_reads()
   others = [s for s in ckpt.all_steps() if s < step]
   how = (f"resume from an earlier step with --config.train.resume_step={max(others)} "
-         f"(saved: {others}; the steps after it are moved to {checkpointer.SET_ASIDE}/, not "
+         f"(saved: {others}; the steps after it are moved to {checkpoint.SET_ASIDE}/, not "
          "deleted)" if others else "no earlier step is saved: start in a new workdir")
   return ValueError(f"checkpoint step {step} in {workdir} could not be read: "
                     f"{tensorstore_reads.read_failure(error)}; {how}")
@@ -217,10 +219,10 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
 
   resume_step = t.get("resume_step")
   if resume_step is not None and is_main:
-    moved = checkpointer.set_aside_after(workdir, resume_step)
+    moved = checkpoint.set_aside_after(workdir, resume_step)
     if moved:
       _say(f"resuming from step {resume_step}: saved steps {moved} moved to "
-           f"{root / checkpointer.SET_ASIDE} (kept, not deleted)")
+           f"{root / checkpoint.SET_ASIDE} (kept, not deleted)")
   if resume_step is not None and jax.process_count() > 1:
     # the other processes open the checkpoints only once process 0 has moved them
     multihost_utils.sync_global_devices("t2mlr_jax resume_step")
@@ -228,7 +230,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   # Everything opened below is closed on every way out: a refused resume or a failed
   # restore too (an open TensorBoard writer and Orbax's threads outlive the call).
   with contextlib.ExitStack() as cleanup:
-    ckpt = cleanup.enter_context(contextlib.closing(checkpointer.Checkpointer(
+    ckpt = cleanup.enter_context(contextlib.closing(checkpoint.Checkpointer(
         workdir, max_to_keep=t.max_to_keep, async_save=t.async_checkpointing)))
     source = task.train_source(config, t.num_steps * t.batch_size)
     slot, slots = sharding.process_batch_slot(mesh, t.batch_size)
@@ -254,7 +256,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
         raise ValueError(f"{workdir} holds a run with a different config; refusing to resume "
                          f"(only {', '.join(config_lib.RESUME_MUTABLE)} may change): {detail}")
       _check_same_data_layout(meta, slots, workdir, latest)
-      target = checkpointer.with_shardings(abstract_state(cfg, tx), shardings)
+      target = checkpoint.with_shardings(abstract_state(cfg, tx), shardings)
       try:                        # (its format is checked above)
         state = ckpt.restore(latest, target, data_iter)
       except Exception as e:
@@ -341,8 +343,8 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
           results = tasks_lib.run_eval(task, config, state.params, cfg, eval_batches,
                                        mesh=mesh)
           # the same batches with zero memory (what the recurrence adds) and, for language
-          # modelling, in the training view too
-          for view in tasks_lib.eval_views(task, cfg, mode):
+          # modelling, in the training view too: the views but exact (the last), done above
+          for view in runner.views(cfg, mode if task.train_views else None)[:-1]:
             results[view] = tasks_lib.run_eval(task, config, state.params, cfg, eval_batches,
                                                mode=view, mesh=mesh)
           writer.write(step, results, kind="eval")

@@ -8,7 +8,6 @@ import time
 from typing import Mapping, Optional
 
 import numpy as np
-from absl import flags, logging
 from tqdm import tqdm
 
 from t2mlr_jax import paths
@@ -31,13 +30,6 @@ def _scalars(metrics: Mapping, prefix: str = "") -> dict:
       elif arr.ndim == 1:                   # per-layer / per-pass vectors: name/i
         out.update({f"{name}/{i}": float(v) for i, v in enumerate(arr)})
   return out
-
-
-def quiet_absl_logs() -> None:
-  """Orbax logs every checkpoint step at INFO: keep command-line runs to warnings
-  unless --verbosity was given."""
-  if "verbosity" in flags.FLAGS and not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
 
 
 class MetricsWriter:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 from typing import Callable, NamedTuple, Optional
 
+from t2mlr_jax import checkpoint
+from t2mlr_jax.checkpoint import Checkpointer
 from t2mlr_jax.config import invalid
 from t2mlr_jax.data import (
   pipeline,
@@ -253,13 +255,19 @@ def run_eval(task: Task, config, params, cfg, batches, mode: str = "exact", mesh
   return evaluate(params, cfg, batches, task.metrics, mode=mode, mesh=mesh)
 
 
-def eval_views(task: Task, cfg, train_mode: str) -> tuple[str, ...]:
-  """The views evaluated beside `exact` for a recurrent model: `parallel` (zero
-  memory) and, where the task asks, the training mode's."""
-  if getattr(cfg, "recurrence", None) is None:
-    return ()
-  extra = (train_mode,) if task.train_views and train_mode not in ("exact", "parallel") else ()
-  return ("parallel",) + extra
+def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
+  """The training task's own evaluation of a workdir's checkpoint (latest step by default)
+  in `mode`: {step, task, mode, **metrics}, the numbers the trainer logs."""
+  ckpt = Checkpointer(workdir, read_only=True)
+  step = ckpt.latest_step() if step is None else step
+  ckpt.manager.close()
+  if step is None:
+    raise ValueError(f"no checkpoint found under {workdir}/checkpoints")
+  config = checkpoint.load_config(workdir, step)
+  cfg, params = checkpoint.load(workdir, step)
+  task = get_task(config)
+  results = run_eval(task, config, params, cfg, task.eval_batches(config), mode)
+  return {"step": step, "task": config.data.task, "mode": mode, **results}
 
 
 def _validate_lm(config) -> None:

@@ -49,6 +49,7 @@ reads and writes.
 
 from __future__ import annotations
 
+from t2mlr_jax import registry
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.model.control_flow import CF_PAD, CF_PLAIN, CF_RECURRENT
 
@@ -66,11 +67,7 @@ def register(entry: RecurrenceType) -> RecurrenceType:
   return RECURRENCES.register(entry)
 
 
-def of(cfg: ModelConfig) -> RecurrenceType:
-  """The registered type of cfg.recurrence (the "no recurrence" entry for None)."""
-  if cfg.recurrence is None:
-    return next(t for t in RECURRENCES.values() if t.config is None)
-  return RECURRENCES.get(type(cfg.recurrence).type)
+of = registry.recurrence_of      # the registered type of cfg.recurrence
 
 
 def init_params(cfg: ModelConfig, rng):

@@ -1,0 +1,1 @@
+"""Tests of the accel room: compiling for TPU/GPU, multi-process."""

@@ -1,0 +1,1 @@
+"""Tests of the model room: layers, modes, schedules, recurrence types, decoding."""

@@ -1,0 +1,128 @@
+"""Our numbers against the official PyTorch release's outputs (tests/golden/, described in
+tests/golden/README.md)."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import t2mlr_jax
+from t2mlr_jax.convert.official import from_official
+from t2mlr_jax.losses import cross_entropy, next_token_labels
+
+from _util import TESTS_DIR
+
+GOLDEN = os.environ.get("T2MLR_GOLDEN_DIR") or os.path.join(
+    TESTS_DIR, "golden")
+NPZ = os.path.join(GOLDEN, "t2mlr_official_small.npz")
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def golden():
+  z = dict(np.load(NPZ))
+  meta = json.load(open(os.path.join(GOLDEN, "t2mlr_official_small.json")))
+  hf_config = {**meta["base_config"], "architectures": ["LlamaForCausalLM"]}
+  state_dict = {k: v for k, v in z.items() if k.startswith("t2mlr_model.")}
+  cfg, params = from_official(state_dict, hf_config, l_start=2, l_end=3)
+  return z, cfg, params
+
+
+def test_config_mapped(golden):
+  _, cfg, params = golden
+  assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads) == (5, 48, 6, 3)
+  assert cfg.rope_theta == 50000.0 and cfg.tie_embeddings
+  assert cfg.recurrent_block == (2, 3)
+  assert float(params["recurrence"]["gamma_rec"]) == pytest.approx(0.9)
+
+
+def test_parallel_and_exact(golden):
+  z, cfg, params = golden
+  ids = z["input_ids"]
+  base = t2mlr_jax.forward(params, cfg, ids, mode="parallel")
+  np.testing.assert_allclose(base, z["base_logits"], atol=TOL, rtol=0)
+  for case in "AB":
+    cf = z[f"control_flows_{case}"]
+    logits = t2mlr_jax.forward(params, cfg, ids, mode="exact", control_flow=cf)
+    np.testing.assert_allclose(logits, z[f"exact_logits_{case}"], atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("case", "AB")
+@pytest.mark.parametrize("d_f,d_b", [(1, 1), (3, 2), (16, 4)])
+def test_jacobi_logits(golden, case, d_f, d_b):
+  z, cfg, params = golden
+  logits = t2mlr_jax.forward(params, cfg, z["input_ids"], mode="jacobi",
+                             control_flow=z[f"control_flows_{case}"], d_forward=d_f, d_backward=d_b)
+  np.testing.assert_allclose(logits, z[f"jacobi_logits_{case}_Df{d_f}_Db{d_b}"], atol=TOL, rtol=0)
+
+
+def _official_name_grads(grads, cfg):
+  """Our gradient tree under the official parameter names (transposed back to out x in)."""
+  out = {}
+  base = "t2mlr_model.model."
+  start, _ = cfg.recurrent_block
+  lin = {("attn", "q"): "self_attn.q_proj", ("attn", "k"): "self_attn.k_proj",
+         ("attn", "v"): "self_attn.v_proj", ("attn", "o"): "self_attn.o_proj",
+         ("mlp", "gate"): "mlp.gate_proj", ("mlp", "up"): "mlp.up_proj",
+         ("mlp", "down"): "mlp.down_proj"}
+  for i in range(cfg.n_layers):
+    pre = f"{base}layers.{i}.model." if i == start else f"{base}layers.{i}."
+    for (g, n), hf in lin.items():
+      out[f"{pre}{hf}.weight"] = grads["layers"][g][n]["kernel"][i].T
+    out[f"{pre}input_layernorm.weight"] = grads["layers"]["attn_norm"]["scale"][i]
+    out[f"{pre}post_attention_layernorm.weight"] = grads["layers"]["mlp_norm"]["scale"][i]
+  out[f"{base}embed_tokens.weight"] = grads["embed"]["embedding"]
+  out[f"{base}norm.weight"] = grads["final_norm"]["scale"]
+  mix = f"{base}layers.{start}.t2mlr_mixing_module."
+  r = grads["recurrence"]
+  out[mix + "rezero_gamma_recurrent_gate"] = r["gamma_rec"].reshape(1)
+  out[mix + "rezero_gamma_input_gate"] = r["gamma_cur"].reshape(1)
+  out[mix + "recurrent_projection.weight"] = r["w_rec"]["kernel"].T
+  out[mix + "recurrent_gate_proj.weight"] = r["f_rec"]["kernel"].T
+  out[mix + "recurrent_gate_proj.bias"] = r["f_rec"]["bias"]
+  out[mix + "input_gate_proj.weight"] = r["f_cur"]["kernel"].T
+  out[mix + "input_gate_proj.bias"] = r["f_cur"]["bias"]
+  return out
+
+
+@pytest.mark.parametrize("case,d_f,d_b", [pytest.param("A", 4, 2, marks=pytest.mark.slow),
+                                          pytest.param("A", 4, 4, marks=pytest.mark.slow),
+                                          ("A", 16, 4), ("B", 4, 2)])
+def test_loss_and_gradients(golden, case, d_f, d_b):
+  z, cfg, params = golden
+  ids = jnp.asarray(z["input_ids"])
+  cf = z[f"control_flows_{case}"]
+
+  def loss_fn(p):
+    logits = t2mlr_jax.forward(p, cfg, ids, mode="jacobi", control_flow=cf,
+                               d_forward=d_f, d_backward=d_b)
+    return cross_entropy(logits, next_token_labels(ids))[0]
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  tag = f"{case}_Df{d_f}_Db{d_b}"
+  np.testing.assert_allclose(loss, z[f"loss_{tag}"], atol=TOL, rtol=0)
+  np.testing.assert_allclose(grads["recurrence"]["gamma_rec"], z[f"grad_gamma_rec_{tag}"][0], atol=TOL)
+  np.testing.assert_allclose(grads["recurrence"]["gamma_cur"], z[f"grad_gamma_cur_{tag}"][0], atol=TOL)
+  np.testing.assert_allclose(grads["recurrence"]["w_rec"]["kernel"].T,
+                             z[f"grad_recurrent_projection_weight_{tag}"], atol=TOL)
+  full = [k for k in z if k.startswith(f"gradall_{tag}.")]
+  if full:
+    ours = _official_name_grads(grads, cfg)
+    assert len(full) == len(ours)
+    for key in full:
+      np.testing.assert_allclose(ours[key.split(".", 1)[1]], z[key], atol=TOL, rtol=0, err_msg=key)
+
+
+def test_generate(golden):
+  z, cfg, params = golden
+  tokens, logits = t2mlr_jax.generate(params, cfg, z["generate_prompt"], max_new_tokens=6,
+                                      prompt_control_flow=1, return_logits=True)
+  P = z["generate_prompt"].shape[1]
+  np.testing.assert_array_equal(tokens, z["generate_sequences"][:, P:])
+  np.testing.assert_allclose(logits, z["generate_step_logits"], atol=TOL, rtol=0)
+  plain = t2mlr_jax.generate(params, cfg.replace(recurrence=None), z["generate_prompt"],
+                             max_new_tokens=6)
+  np.testing.assert_array_equal(plain, z["generate_sequences_plain_base"][:, P:])
