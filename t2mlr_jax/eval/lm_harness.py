@@ -166,20 +166,8 @@ class T2MLRLM(TemplateLM):
     batch_size, prompt_control_flow, add_bos = _check_options(batch_size, dtype,
                                                               prompt_control_flow, add_bos)
     self.batch_size_per_device = batch_size
-    kind = cfg.recurrence.type if cfg.recurrence is not None else "plain"
-    modes = (("exact", "parallel") + tuple(m for m in mode_names() if m not in BUILTIN_MODES)
-             if cfg.recurrence is not None else ("exact", "parallel"))
-    if mode not in modes:
-      raise ValueError(f"mode={mode!r} is invalid for this {kind} model: allowed "
-                       f"{', '.join(modes)}")
+    max_length = _check_mode_and_length(cfg, mode, max_length)
     dtype = cfg.dtype if dtype is None else dtype
-    if max_length is None:
-      max_length = cfg.max_seq_len
-    max_length = _as_int("max_length", max_length, f"an integer in 2..{cfg.max_seq_len} "
-                         "(the model's max_seq_len)")
-    if not 2 <= max_length <= cfg.max_seq_len:
-      raise ValueError(f"max_length={max_length} is invalid: allowed 2..{cfg.max_seq_len} "
-                       "(the model's max_seq_len)")
     self.add_bos = add_bos
     self.cfg = cfg.replace(dtype=dtype) if cfg.dtype != dtype else cfg
     self.params = params
@@ -277,19 +265,7 @@ class T2MLRLM(TemplateLM):
     the text ends with the last message's content (transformers' continue_final_message),
     so the answer continues it. A template that refuses the system role renders without
     it, as lm-eval's HF backend does."""
-    if not self.tok.chat_template:
-      raise ValueError(f"--apply_chat_template: the tokenizer {self.tok.name!r} has no chat "
-                       "template")
-    variables = dict(bos_token=self.tok.token_text(self.tok.bos_id) or "",
-                     eos_token=self.tok.token_text(self.tok.eos_id) or "")
-    try:
-      text = render_chat_template(self.tok.chat_template, chat_history,
-                                  add_generation_prompt=add_generation_prompt, **variables)
-    except TemplateError:       # a template without a system role: drop it (as lm-eval's HF)
-      log.warning("the chat template failed; rendering without the system message")
-      chat_history = [m for m in chat_history if m["role"] != "system"]
-      text = render_chat_template(self.tok.chat_template, chat_history,
-                                  add_generation_prompt=add_generation_prompt, **variables)
+    text, chat_history = _render_chat(self.tok, chat_history, add_generation_prompt)
     if not add_generation_prompt and chat_history:
       last = chat_history[-1]["content"].strip()
       at = text.rfind(last)
@@ -308,21 +284,11 @@ class T2MLRLM(TemplateLM):
     out: list = [None] * len(rows)
     for start in range(0, len(order), B):
       idx = order[start:start + B]
-      longest = len(rows[idx[0]][0]) - 1
-      T = max(longest, min(_round_up(longest, SCORE_BUCKET), self.max_length))
-      tokens = np.zeros((B, T), np.int32)
-      cf = np.zeros((B, T), np.int32)
-      target = np.full((B, T), -1, np.int32)
-      for r, i in enumerate(idx):
-        seq, k = rows[i]
-        n = len(seq) - 1
-        tokens[r, :n] = seq[:-1]
-        cf[r, :n - k + 1] = self.prompt_control_flow   # the context's tokens
-        cf[r, n - k + 1:n] = 2                          # the continuation's, fed back
-        target[r, n - k:n] = seq[-k:]
-      logits = forward(self.params, self.cfg, jnp.asarray(tokens), mode=self.mode,
-                       control_flow=jnp.asarray(cf))
-      logp, greedy = (np.asarray(x) for x in _reduce(logits, jnp.asarray(target)))
+      tokens_BT, cf_BT, target_BT = _score_batch([rows[i] for i in idx], B, self.max_length,
+                                                 self.prompt_control_flow)
+      logits = forward(self.params, self.cfg, jnp.asarray(tokens_BT), mode=self.mode,
+                       control_flow=jnp.asarray(cf_BT))
+      logp, greedy = (np.asarray(x) for x in _reduce(logits, jnp.asarray(target_BT)))
       for r, i in enumerate(idx):
         out[i] = (float(logp[r]), bool(greedy[r]))
     return out
@@ -377,23 +343,12 @@ class T2MLRLM(TemplateLM):
     return out
 
   def _generate(self, contexts: list[str], gen_kwargs: dict) -> list[str]:
-    unknown = sorted(set(gen_kwargs) - set(GEN_KWARGS) - {"max_new_tokens", "max_tokens",
-                                                          "max_completion_tokens"})
-    if unknown:
-      raise ValueError(f"generation kwarg(s) {unknown} not supported by t2mlr_jax: allowed "
-                       f"{', '.join(GEN_KWARGS)} (and max_gen_toks' aliases)")
-    kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+    """Each context's text (before the first stop string) under one set of gen_kwargs."""
     eos_text = (self.tok.token_text(self.tok.eos_id) if self.tok.eos_id is not None
                 else None)
-    until = [s for s in handle_stop_sequences(kwargs.pop("until", None), eos=eos_text) if s]
-    N = int(kwargs.pop("max_gen_toks"))
+    until, N, sampling = _generation_settings(gen_kwargs, self.max_gen_toks, self.max_length,
+                                              eos_text)
     max_ctx = self.max_length - N
-    if N < 1 or max_ctx < 1:
-      raise ValueError(f"max_gen_toks={N} is invalid: allowed 1..{self.max_length - 1} "
-                       f"(max_length={self.max_length} holds the context too)")
-    temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0
-    sampling = dict(temperature=temperature, top_k=kwargs.get("top_k"),
-                    top_p=kwargs.get("top_p")) if temperature > 0 else {}
     encoded = [self.tok_encode(c, left_truncate_len=max_ctx) for c in contexts]
     order = sorted(range(len(contexts)), key=lambda i: -len(encoded[i]))
     pad = self.tok.pad_id if self.tok.pad_id is not None else self.eot_token_id
@@ -402,37 +357,127 @@ class T2MLRLM(TemplateLM):
     for start in range(0, len(order), B):
       idx = order[start:start + B]
       P = min(_round_up(len(encoded[idx[0]]), PROMPT_BUCKET), max_ctx)
-      prompt = np.full((B, P), pad, np.int32)
-      lengths = np.ones(B, np.int32)            # filler rows: one padding token
-      for r, i in enumerate(idx):
-        prompt[r, P - len(encoded[i]):] = encoded[i]
-        lengths[r] = len(encoded[i])
+      prompt_BP, lengths_B = _left_padded([encoded[i] for i in idx], B, P, pad)
       cache = min(_round_up(P + N, CACHE_BUCKET), self.cfg.max_seq_len)
       new = [[] for _ in range(B)]
       done = np.zeros(B, bool)
       done[len(idx):] = True
-      for token in stream(self.params, self.cfg, prompt, max_new_tokens=N,
-                          eos_id=self.tok.eos_id, prompt_lengths=lengths,
+      for token in stream(self.params, self.cfg, prompt_BP, max_new_tokens=N,
+                          eos_id=self.tok.eos_id, prompt_lengths=lengths_B,
                           prompt_control_flow=self.prompt_control_flow, cache_len=cache,
                           rng=jax.random.PRNGKey(start), **sampling):
-        for r in range(len(idx)):
-          if done[r]:
-            continue
-          if self.tok.eos_id is not None and int(token[r]) == self.tok.eos_id:
-            done[r] = True
-            continue
-          new[r].append(int(token[r]))
-          if until and any(s in self.tok.decode(new[r][-(8 + 4 * _longest(until)):])
-                           for s in until):
-            done[r] = True
+        _take_tokens(self.tok, token, new, done, until)
         if done.all():
           break
       for r, i in enumerate(idx):
-        text = self.tok.decode(new[r])
-        for stop in until:
-          text = text.split(stop)[0]
-        texts[i] = text
+        texts[i] = _before_stops(self.tok.decode(new[r]), until)
     return texts
+
+
+def _check_mode_and_length(cfg, mode: str, max_length) -> int:
+  """Refuse a mode this model has not; max_length checked (default: max_seq_len)."""
+  kind = cfg.recurrence.type if cfg.recurrence is not None else "plain"
+  modes = (("exact", "parallel") + tuple(m for m in mode_names() if m not in BUILTIN_MODES)
+           if cfg.recurrence is not None else ("exact", "parallel"))
+  if mode not in modes:
+    raise ValueError(f"mode={mode!r} is invalid for this {kind} model: allowed "
+                     f"{', '.join(modes)}")
+  if max_length is None:
+    max_length = cfg.max_seq_len
+  max_length = _as_int("max_length", max_length, f"an integer in 2..{cfg.max_seq_len} "
+                       "(the model's max_seq_len)")
+  if not 2 <= max_length <= cfg.max_seq_len:
+    raise ValueError(f"max_length={max_length} is invalid: allowed 2..{cfg.max_seq_len} "
+                     "(the model's max_seq_len)")
+  return max_length
+
+
+def _render_chat(tok: TokenizerView, chat_history: list[dict], add_generation_prompt: bool):
+  """(text, the messages rendered): the tokenizer's chat template; a template that refuses
+  the system role renders without it, as lm-eval's HF backend does."""
+  if not tok.chat_template:
+    raise ValueError(f"--apply_chat_template: the tokenizer {tok.name!r} has no chat "
+                     "template")
+  variables = dict(bos_token=tok.token_text(tok.bos_id) or "",
+                   eos_token=tok.token_text(tok.eos_id) or "")
+  try:
+    text = render_chat_template(tok.chat_template, chat_history,
+                                add_generation_prompt=add_generation_prompt, **variables)
+  except TemplateError:       # a template without a system role: drop it (as lm-eval's HF)
+    log.warning("the chat template failed; rendering without the system message")
+    chat_history = [m for m in chat_history if m["role"] != "system"]
+    text = render_chat_template(tok.chat_template, chat_history,
+                                add_generation_prompt=add_generation_prompt, **variables)
+  return text, chat_history
+
+
+def _score_batch(rows: list[tuple[list[int], int]], B: int, max_length: int,
+                 prompt_control_flow: int):
+  """(tokens, control flow, targets), each (B, T), of rows (tokens, n) longest first:
+  right-padded with control flow 0, targets -1 but on the last n tokens."""
+  longest = len(rows[0][0]) - 1
+  T = max(longest, min(_round_up(longest, SCORE_BUCKET), max_length))
+  tokens_BT = np.zeros((B, T), np.int32)
+  cf_BT = np.zeros((B, T), np.int32)
+  target_BT = np.full((B, T), -1, np.int32)
+  for r, (seq, k) in enumerate(rows):
+    n = len(seq) - 1
+    tokens_BT[r, :n] = seq[:-1]
+    cf_BT[r, :n - k + 1] = prompt_control_flow   # the context's tokens
+    cf_BT[r, n - k + 1:n] = 2                     # the continuation's, fed back
+    target_BT[r, n - k:n] = seq[-k:]
+  return tokens_BT, cf_BT, target_BT
+
+
+def _generation_settings(gen_kwargs: dict, max_gen_toks: int, max_length: int,
+                         eos_text: Optional[str]):
+  """(stop strings, max new tokens, sampling kwargs) of lm-eval's gen_kwargs, checked."""
+  unknown = sorted(set(gen_kwargs) - set(GEN_KWARGS) - {"max_new_tokens", "max_tokens",
+                                                        "max_completion_tokens"})
+  if unknown:
+    raise ValueError(f"generation kwarg(s) {unknown} not supported by t2mlr_jax: allowed "
+                     f"{', '.join(GEN_KWARGS)} (and max_gen_toks' aliases)")
+  kwargs = normalize_gen_kwargs(gen_kwargs, max_gen_toks)
+  until = [s for s in handle_stop_sequences(kwargs.pop("until", None), eos=eos_text) if s]
+  N = int(kwargs.pop("max_gen_toks"))
+  if N < 1 or max_length - N < 1:
+    raise ValueError(f"max_gen_toks={N} is invalid: allowed 1..{max_length - 1} "
+                     f"(max_length={max_length} holds the context too)")
+  temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0
+  sampling = dict(temperature=temperature, top_k=kwargs.get("top_k"),
+                  top_p=kwargs.get("top_p")) if temperature > 0 else {}
+  return until, N, sampling
+
+
+def _left_padded(prompts: list[list[int]], B: int, P: int, pad: int):
+  """(prompt (B, P) right-aligned with `pad` before, lengths (B,)); filler rows: one
+  padding token."""
+  prompt_BP = np.full((B, P), pad, np.int32)
+  lengths_B = np.ones(B, np.int32)
+  for r, ids in enumerate(prompts):
+    prompt_BP[r, P - len(ids):] = ids
+    lengths_B[r] = len(ids)
+  return prompt_BP, lengths_B
+
+
+def _take_tokens(tok: TokenizerView, token_B, new: list, done, until: list) -> None:
+  """Append each unfinished row's token to `new`; a row is done at EOS (not appended) or
+  once its recent text holds a stop string."""
+  for r in range(len(new)):
+    if done[r]:
+      continue
+    if tok.eos_id is not None and int(token_B[r]) == tok.eos_id:
+      done[r] = True
+      continue
+    new[r].append(int(token_B[r]))
+    if until and any(s in tok.decode(new[r][-(8 + 4 * _longest(until)):]) for s in until):
+      done[r] = True
+
+
+def _before_stops(text: str, until: list) -> str:
+  for stop in until:
+    text = text.split(stop)[0]
+  return text
 
 
 def _longest(strings) -> int:

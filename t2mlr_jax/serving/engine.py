@@ -220,6 +220,52 @@ def _generate(params, layers, cfg, slots: Slots, return_logits: bool = False):
 _split_layers = jax.jit(split_layers)
 
 
+def _empty_slots(cfg, batch: int, cache_len: int) -> Slots:
+  """Host slots of `batch` free rows and `cache_len` cache slots (zeros)."""
+  dtype = jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
+  zeros = np.zeros((batch * cfg.n_kv_heads, cache_len, cfg.head_dim), dtype)
+  caches = tuple(KV(zeros, zeros) for _ in range(cfg.n_layers))
+  dec = DecodeState(caches, np.zeros((batch, cfg.d_model), np.float32),
+                    np.zeros((batch, cache_len), bool), np.int32(0),
+                    np.zeros((batch,), np.int32))
+  return Slots(dec, np.zeros(batch, np.int32), np.full(batch, CF_RECURRENT, np.int32),
+               np.zeros(batch, np.float32), np.zeros(batch, np.int32),
+               np.ones(batch, np.float32), np.zeros((batch, 2), np.uint32),
+               np.zeros(batch, np.int32), np.zeros(batch, bool))
+
+
+def _moved_slots(old: Slots, new: Slots, order: Sequence[int], longest: int,
+                 n_kv_heads: int) -> Slots:
+  """Host slots `new` holding rows `order` of `old`, with the last `longest` tokens before
+  old's index right-aligned to the new index."""
+  cache_len = new.decode.valid.shape[1]
+  index = int(old.decode.index)
+  new_index = max(longest, min(index, cache_len))
+  lo, keep = index - longest, longest
+  N = n_kv_heads
+
+  def rows_of(a, per=1):
+    return np.concatenate([a[r * per:(r + 1) * per] for r in order]) if order else a[:0]
+
+  def move(a_old, a_new, per):
+    src = rows_of(a_old, per)[:, lo:lo + keep]
+    a_new[:src.shape[0], new_index - keep:new_index] = src
+    return a_new
+  caches = tuple(KV(move(c.k, n.k.copy(), N), move(c.v, n.v.copy(), N))
+                 for c, n in zip(old.decode.kv, new.decode.kv))
+  valid = move(old.decode.valid, new.decode.valid.copy(), 1)
+  n = len(order)
+
+  def pick(a_old, a_new):
+    a_new = a_new.copy()
+    a_new[:n] = rows_of(a_old)
+    return a_new
+  dec = DecodeState(caches, pick(old.decode.R, new.decode.R), valid, np.int32(new_index),
+                    pick(old.decode.positions, new.decode.positions))
+  fields = [pick(getattr(old, f), getattr(new, f)) for f in Slots._fields[1:]]
+  return Slots(dec, *fields)
+
+
 class Engine:
   """Decode slots over one model. `prefill` runs a prompt, `insert` puts it in a free
   slot and draws its first token, `step` draws the next token of every slot, `release`
@@ -278,57 +324,21 @@ class Engine:
 
   # ---------------------------------------------------------------- device state moves
 
-  def _empty(self, batch: int, cache_len: int) -> Slots:
-    cfg = self.cfg
-    dtype = jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
-    zeros = np.zeros((batch * cfg.n_kv_heads, cache_len, cfg.head_dim), dtype)
-    caches = tuple(KV(zeros, zeros) for _ in range(cfg.n_layers))
-    dec = DecodeState(caches, np.zeros((batch, cfg.d_model), np.float32),
-                      np.zeros((batch, cache_len), bool), np.int32(0),
-                      np.zeros((batch,), np.int32))
-    return Slots(dec, np.zeros(batch, np.int32), np.full(batch, CF_RECURRENT, np.int32),
-                 np.zeros(batch, np.float32), np.zeros(batch, np.int32),
-                 np.ones(batch, np.float32), np.zeros((batch, 2), np.uint32),
-                 np.zeros(batch, np.int32), np.zeros(batch, bool))
-
   def _host(self) -> Slots:
     return jax.tree.map(np.asarray, self.slots)
 
   def _reshape(self, batch: int, cache_len: int, order: Sequence[int]) -> None:
     """Move to `batch` rows and `cache_len` slots, keeping rows `order` (in that order)
     and the tokens before the index (right-aligned to it): host copies, no compile."""
-    new = self._empty(batch, cache_len)
+    new = _empty_slots(self.cfg, batch, cache_len)
     if self.slots is None:
       self.slots = jax.device_put(new)
       self.rows, self.need, self.span = [None] * batch, [0] * batch, [0] * batch
       return
-    old = self._host()
-    index = int(old.decode.index)
     longest = max([self.span[r] for r in order] + [0])
-    new_index = max(longest, min(index, cache_len))
-    lo, keep = index - longest, longest
-    N = self.cfg.n_kv_heads
-
-    def rows_of(a, per=1):
-      return np.concatenate([a[r * per:(r + 1) * per] for r in order]) if order else a[:0]
-
-    def move(a_old, a_new, per):
-      src = rows_of(a_old, per)[:, lo:lo + keep]
-      a_new[:src.shape[0], new_index - keep:new_index] = src
-      return a_new
-    caches = tuple(KV(move(c.k, n.k.copy(), N), move(c.v, n.v.copy(), N))
-                   for c, n in zip(old.decode.kv, new.decode.kv))
-    valid = move(old.decode.valid, new.decode.valid.copy(), 1)
+    self.slots = jax.device_put(_moved_slots(self._host(), new, order, longest,
+                                             self.cfg.n_kv_heads))
     n = len(order)
-
-    def pick(a_old, a_new):
-      a_new = a_new.copy()
-      a_new[:n] = rows_of(a_old)
-      return a_new
-    dec = DecodeState(caches, pick(old.decode.R, new.decode.R), valid, np.int32(new_index),
-                      pick(old.decode.positions, new.decode.positions))
-    fields = [pick(getattr(old, f), getattr(new, f)) for f in Slots._fields[1:]]
-    self.slots = jax.device_put(Slots(dec, *fields))
     self.rows = [self.rows[r] for r in order] + [None] * (batch - n)
     self.need = [self.need[r] for r in order] + [0] * (batch - n)
     self.span = [self.span[r] for r in order] + [0] * (batch - n)
@@ -483,9 +493,9 @@ class Engine:
                 self.params, self.cfg, jnp.zeros((1, P), jnp.int32), jnp.int32(1),
                 jnp.full((1, P), cf, jnp.int32), S, recurrent, bool(e)))
             ran += 1
-      one = self._empty(1, S).decode
+      one = _empty_slots(self.cfg, 1, S).decode
       for B in self.batch_buckets:
-        slots = jax.device_put(self._empty(B, S))
+        slots = jax.device_put(_empty_slots(self.cfg, B, S))
         slots, _ = _insert(slots, jax.device_put(one.kv), jnp.zeros(S, bool),
                            jnp.zeros(self.cfg.d_model, jnp.float32), jnp.int32(1),
                            jnp.zeros(V, jnp.float32), jnp.int32(1), jnp.int32(0),
