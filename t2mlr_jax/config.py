@@ -331,6 +331,15 @@ class ModelConfig(_Replaceable):
   schedule_options: ScheduleOptions = ScheduleOptions()   # the training schedules' options
 
   def __post_init__(self):
+    self._check_shape()
+    self._check_options()
+    self._check_windows()
+    self._check_value_embeds()
+    self._resolve_schedule_options()
+    self._check_recurrence()
+
+  def _check_shape(self):
+    """Sizes, heads, head_dim and RoPE; fills n_kv_heads and head_dim when None."""
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
@@ -351,26 +360,29 @@ class ModelConfig(_Replaceable):
       object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
     if self.rope_scaling is not None and self.rope_theta is None:
       invalid("rope_scaling", self.rope_scaling, "None when rope_theta is None (NoPE)")
-    if self.dtype not in DTYPES:
-      invalid("dtype", self.dtype, f"one of {DTYPES}")
-    if self.remat not in REMAT_POLICIES:
-      invalid("remat", self.remat, f"one of {REMAT_POLICIES}")
-    if self.rope_table_dtype not in DTYPES:
-      invalid("rope_table_dtype", self.rope_table_dtype, f"one of {DTYPES}")
-    if self.attention not in ATTENTION_IMPLS:
-      invalid("attention", self.attention, f"one of {ATTENTION_IMPLS}")
-    if self.mlp_type not in MLP_TYPES:
-      invalid("mlp_type", self.mlp_type, f"one of {MLP_TYPES}")
+
+  def _check_options(self):
+    """The named choices (dtypes, remat, attention, MLP), the softcap and the vocab padding."""
+    for name, allowed in (("dtype", DTYPES), ("remat", REMAT_POLICIES),
+                          ("rope_table_dtype", DTYPES), ("attention", ATTENTION_IMPLS),
+                          ("mlp_type", MLP_TYPES)):
+      if getattr(self, name) not in allowed:
+        invalid(name, getattr(self, name), f"one of {allowed}")
     if self.logit_softcap is not None and not self.logit_softcap > 0:
       invalid("logit_softcap", self.logit_softcap, "None or a float > 0")
     if not isinstance(self.pad_vocab_to, int) or self.pad_vocab_to < 1:
       invalid("pad_vocab_to", self.pad_vocab_to, "an integer >= 1")
-    self._check_windows()
+
+  def _check_value_embeds(self):
     if self.value_embeds not in (None,) + VALUE_EMBEDS:
       invalid("value_embeds", self.value_embeds, f"None or one of {VALUE_EMBEDS}")
     if self.value_embeds is not None and (not isinstance(self.ve_gate_channels, int)
                                           or not 0 <= self.ve_gate_channels <= self.d_model):
       invalid("ve_gate_channels", self.ve_gate_channels, f"an integer in [0, d_model={self.d_model}]")
+
+  def _resolve_schedule_options(self):
+    """A recurrence dict (stored metadata) to its config, the options that sat in it and
+    a dict of options to a ScheduleOptions."""
     options = self.schedule_options
     if isinstance(self.recurrence, dict):       # stored metadata: options may sit in it
       fields, moved = split_schedule_options(self.recurrence)
@@ -383,6 +395,8 @@ class ModelConfig(_Replaceable):
         invalid("schedule_options", options, "a ScheduleOptions or a dict of options")
       options = ScheduleOptions(options)
     object.__setattr__(self, "schedule_options", options)
+
+  def _check_recurrence(self):
     if self.recurrence is not None:
       classes = recurrence_config_classes()
       if not isinstance(self.recurrence, tuple(classes.values())):

@@ -65,18 +65,6 @@ def test_flag_errors_say_what_is_allowed():
     assert cli._flag_error(flags.Error(text)) == want
 
 
-def test_the_loader_names_the_model_kinds_it_takes(tmp_path):
-  """chat, evaluate, lm_eval and convert open models through `loading`; its errors name
-  the argument that gave the path."""
-  from t2mlr_jax.convert import loading
-  (tmp_path / "empty").mkdir()
-  for path, what in [(tmp_path / "empty", "is a directory with no checkpoints/"),
-                     (tmp_path / "nope", "does not exist")]:
-    with pytest.raises(ValueError, match=f"--model='{path}' {what}") as e:
-      loading.load_model_and_tokenizer(str(path), field="--model")
-    assert "allowed a GGUF file (*.gguf), a Hugging Face directory" in str(e.value)
-
-
 def test_verbose_keeps_the_traceback(tmp_path):
   run = _run("t2mlr_jax.main", f"--config={TINY}", "--config.train.num_steps=-1",
              "--workdir=wd", "--verbose", cwd=tmp_path)

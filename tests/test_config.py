@@ -101,18 +101,6 @@ def test_nanochat_presets():
   assert ModelConfig().layer_windows is None and ModelConfig().padded_vocab == 256
 
 
-def test_the_public_loader_does_not_import_the_trainer():
-  """checkpoint.load is for downstream scripts: importing it pulls in neither the
-  trainer nor the pretrained-model converters (no import circle)."""
-  import subprocess
-  import sys
-  code = ("import sys, t2mlr_jax.checkpoint; "
-          "print(sorted(m for m in sys.modules if m.startswith(('t2mlr_jax.train', "
-          "'t2mlr_jax.convert'))))")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-  assert out.stdout.strip() == "[]"
-
-
 def test_configs_saved_before_one_config_system_still_resume():
   """Checkpoints record the experiment config as JSON; those written before the model
   group was built from ModelConfig's fields and the recurrence group from the type's
@@ -175,37 +163,6 @@ def test_schedule_options_are_declared_by_their_schedules():
     recurrence_from_dict({"type": "lrt", "passes": 2})
   with pytest.raises(AttributeError, match="immutable"):
     cfg.schedule_options.d_forward = 3
-
-
-def test_a_schedule_of_ones_own_declares_its_options_and_may_share_only_with_one_default():
-  """A schedule registered after import adds its options (read when asked, never frozen);
-  another declaring an option already declared must give it the same default."""
-  import dataclasses
-
-  from t2mlr_jax import Schedule, ScheduleOptions, register_schedule
-  from t2mlr_jax.registry import SCHEDULES
-
-  @dataclasses.dataclass(frozen=True)
-  class Mine:
-    my_depth: int = 5
-    passes: int = 2          # shared with interleaved / chunked, same default
-
-  @dataclasses.dataclass(frozen=True)
-  class Clash:
-    passes: int = 7
-
-  flops = lambda costs, options, sweeps: (0.0, 0.0)
-  register_schedule(Schedule(name="test_mine", run=None, flops=flops, options=Mine))
-  try:
-    assert ScheduleOptions(my_depth=9).my_depth == 9
-    assert tiny_cfg().schedule_options.my_depth == 5
-    with pytest.raises(ValueError, match=r"option passes=7, but 'interleaved' .* default 2"):
-      register_schedule(Schedule(name="test_clash", run=None, flops=flops, options=Clash))
-    assert "test_clash" not in SCHEDULES
-  finally:
-    SCHEDULES.unregister("test_mine")
-  with pytest.raises(ValueError, match="my_depth"):
-    ScheduleOptions(my_depth=9)
 
 
 def test_metadata_written_when_the_options_were_recurrence_fields_loads_them_moved():

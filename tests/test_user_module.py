@@ -155,14 +155,6 @@ def test_the_type_declares_its_decay_groups_and_partition():
   assert tuple(sharding.spec_for("recurrence/w", (32, 32), mesh, cfg)) == ("fsdp", None)
 
 
-def test_a_checkpoint_of_an_unregistered_type_names_the_module(tmp_path):
-  meta = {"model_family": "ModelConfig", "user_modules": [str(tmp_path / "gone.py")],
-          "model_config": {"recurrence": {"type": "no_such_type"}}}
-  with pytest.raises(ValueError, match=r"recurrence type 'no_such_type' is not registered.*"
-                                       r"--user_module=.*gone\.py"):
-    checkpoint.model_config_from_meta(meta)
-
-
 def test_bad_user_module_is_one_line(tmp_path):
   proc = _cli("t2mlr_jax.main", f"--user_module={tmp_path}/missing.py", CONFIG,
               f"--workdir={tmp_path}/wd")

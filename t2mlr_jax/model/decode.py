@@ -272,17 +272,21 @@ def _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top
     raise ValueError(f"eos_id={eos_id!r} is invalid: allowed 0..{cfg.vocab_size - 1}")
   if temperature > 0 and rng is None:
     raise ValueError("rng is required when temperature > 0 (pass a jax.random key)")
+  return _checked_lengths(prompt_lengths, B, P), prompt_cf, recurrent_prompt
+
+
+def _checked_lengths(prompt_lengths, B, P):
+  """The prompt lengths [B] int32 (None: all P), checked to lie in 1..P when concrete."""
   if prompt_lengths is None:
-    lengths = jnp.full((B,), P, jnp.int32)
-  else:
-    lengths = jnp.asarray(prompt_lengths, jnp.int32)
-    if lengths.shape != (B,):
-      raise ValueError(f"prompt_lengths must have shape ({B},), got {lengths.shape}")
-    if not isinstance(lengths, jax.core.Tracer):
-      lo, hi = int(lengths.min()), int(lengths.max())
-      if lo < 1 or hi > P:
-        raise ValueError(f"prompt_lengths hold values in [{lo}, {hi}]: allowed 1..{P}")
-  return lengths, prompt_cf, recurrent_prompt
+    return jnp.full((B,), P, jnp.int32)
+  lengths = jnp.asarray(prompt_lengths, jnp.int32)
+  if lengths.shape != (B,):
+    raise ValueError(f"prompt_lengths must have shape ({B},), got {lengths.shape}")
+  if not isinstance(lengths, jax.core.Tracer):
+    lo, hi = int(lengths.min()), int(lengths.max())
+    if lo < 1 or hi > P:
+      raise ValueError(f"prompt_lengths hold values in [{lo}, {hi}]: allowed 1..{P}")
+  return lengths
 
 
 def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,

@@ -3,8 +3,8 @@ JAX_PLATFORMS=cpu): the train, eval and decode steps of tiny configs for an H100
 an A100 node and a T4, the cuDNN kernel chosen for each card (and the form it is given),
 the recurrence's precision in the GPU program, a sharded step over two nodes, and the
 compile tool's exit codes. Marker `gpu_compile` (its own .ci/run step, in a venv with
-jax[cuda12]); skipped where the plugin is not installed. The name-table checks and the
-missing-plugin error need no plugin and always run."""
+jax[cuda12]); skipped where the plugin is not installed. The missing-plugin error needs no
+plugin and always runs (the GPU names' table: tests/accel/test_topologies.py)."""
 
 import json
 import os
@@ -54,42 +54,13 @@ def _run_tool(*args, env=None):
                         env=env, capture_output=True, text=True, timeout=600)
 
 
-# ------------------------------------------------------------------- names (no plugin)
-
-
-def test_gpu_names_resolve_with_each_cards_figures():
-  t = topologies.resolve("h100-8")
-  assert (t.platform, t.jax_topology, t.num_devices) == ("gpu", "1x1x8", 8)
-  assert t.card.device_kind == "NVIDIA H100 80GB HBM3" and t.card.compute_capability == (9, 0)
-  # 0.75 of the card (81559 MiB, as the driver reports it) less the 1 GiB margin
-  assert t.hbm_bytes == int(81559 * 2 ** 20 * 0.75) - 2 ** 30
-  assert t.peak_flops == 989e12
-  t = topologies.resolve("h100-2x8")
-  assert (t.nodes, t.jax_topology, t.num_devices) == (2, "1x2x8", 16)
-  assert topologies.resolve("a100-8").card.compute_capability == (8, 0)
-  assert topologies.resolve("h200-1").card.memory_bytes == 143771 * 2 ** 20
-  assert topologies.resolve("l4-1").card.compute_capability == (8, 9)
-  t4 = topologies.resolve("t4-1")
-  assert (t4.card.peak_dtype, t4.card.compute_capability) == ("float16", (7, 5))
-  assert "float16 peak (no bf16 tensor cores)" in t4.peak_text
-  for bad in ("h100-3", "h100-2x4", "b300-8"):
-    with pytest.raises(ValueError, match=rf"--topology='{bad}' is unknown: allowed a name "
-                       r"such as .*h100-8"):
-      topologies.resolve(bad)
-
-
-def test_memory_fraction_follows_the_variable(monkeypatch):
-  monkeypatch.setenv(topologies.MEM_FRACTION_ENV, "0.9")
-  assert topologies.resolve("h200-1").hbm_bytes == int(143771 * 2 ** 20 * 0.9) - 2 ** 30
-  monkeypatch.setenv(topologies.MEM_FRACTION_ENV, "1.5")
-  with pytest.raises(ValueError, match=r"XLA_PYTHON_CLIENT_MEM_FRACTION='1.5' is invalid"):
-    topologies.resolve("h200-1")
+# ------------------------------------------------------------------- no plugin
 
 
 def test_missing_plugin_is_one_line_naming_the_pinned_install():
   """Without the CUDA plugin the tool exits 2 with one line: what to install, pinned to
   the installed jax."""
-  code = ("import runpy, sys\nfrom t2mlr_jax import topologies\n"
+  code = ("import runpy, sys\nfrom t2mlr_jax.accel import topologies\n"
           "topologies.cuda_plugin_available = lambda: False\n"
           f"sys.argv = ['compile', '--config={ROOT}/configs/fineweb_135m.py:tiny', "
           "'--topology=h100-8']\nrunpy.run_module('t2mlr_jax.compile', run_name='__main__')")

@@ -51,26 +51,7 @@ def _report(config, topology, steps=("train",)):
   return aot.compile_config(config, topology, steps=steps)
 
 
-# ------------------------------------------------------------------- names and kernels
-
-
-def test_topology_names_resolve_as_maxtext_counts_them():
-  t = topologies.resolve("v5e-16")
-  assert (t.jax_topology, t.chips, t.num_devices, t.chip_config) == ("v5e:4x4", 16, 16, None)
-  t = topologies.resolve("v4-8")          # cores: 4 chips, megacore: one device a chip
-  assert (t.jax_topology, t.chips, t.num_devices, t.chip_config) == ("v4:2x2x1", 4, 4,
-                                                                     "megacore")
-  t = topologies.resolve("v5p-128")
-  assert (t.jax_topology, t.num_devices) == ("v5p:4x4x4", 64)
-  t = topologies.resolve("v2-8")          # one device a core
-  assert (t.jax_topology, t.chips, t.num_devices) == ("v2:2x2", 4, 8)
-  assert topologies.resolve("v6e:4x4").num_devices == 16
-  assert topologies.resolve("v5e-256").hbm_bytes == int(15.75 * 2 ** 30)   # the compiler's limit
-  with pytest.raises(ValueError, match=r"--topology='v5e-12' is unknown: allowed a name "
-                     r"such as .*v5e-16"):
-    topologies.resolve("v5e-12")
-  with pytest.raises(ValueError, match="is a 3D torus"):
-    topologies.resolve("v4:2x2")
+# ------------------------------------------------------------------- kernels
 
 
 def test_auto_kernel_follows_the_target_devices():
@@ -261,18 +242,6 @@ def test_quickstart_notebooks_tpu_path_compiles_for_colabs_v2_8():
   r = _report(namespace["config"], "v2-8", steps=("train", "eval"))
   assert r["fits"] and r["attention"] == "xla" and r["devices"] == 8
   assert all(s["mosaic_kernels"] == 0 for s in r["steps"])
-
-
-@pytest.mark.tpu_compile
-@needs_libtpu
-def test_two_slices_put_the_data_axis_over_dcn():
-  from t2mlr_jax.accel import aot
-  c = _config("fineweb_135m", "tiny")
-  r = aot.compile_config(c, "v5e-4", num_slices=2)
-  assert r["fits"] and r["devices"] == 8 and r["mesh"]["data"] == 8
-  c.mesh.update(data=1, fsdp=-1)
-  with pytest.raises(ValueError, match=r"mesh.data=1 is invalid over 2 slices"):
-    aot.compile_config(c, "v5e-4", num_slices=2)
 
 
 @pytest.mark.tpu_compile

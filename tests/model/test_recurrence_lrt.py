@@ -223,16 +223,6 @@ def test_serialized_config_round_trip():
   assert isinstance(ModelConfig(**old).recurrence, T2MLRConfig)
 
 
-def test_export_and_load(tmp_path):
-  from t2mlr_jax import checkpoint
-  cfg = lrt_cfg(passes=3)
-  params = active(cfg)
-  checkpoint.export(cfg, params, str(tmp_path / "lrt"))
-  cfg2, params2 = checkpoint.load(str(tmp_path / "lrt"))
-  assert cfg2 == cfg
-  jax.tree.map(np.testing.assert_array_equal, params2, params)
-
-
 @pytest.mark.slow       # T2MLR's twin runs by default
 def test_exact_bptt_gradient_matches_finite_differences():
   """LRT's exact mode backpropagates through the token-by-token recurrence: directional
