@@ -294,3 +294,21 @@ def test_training_and_evaluating_need_no_test_dependency(entry):
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == "[]", out.stdout
   assert not set(test_only) & _install_requires()
+
+
+MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 250
+
+
+def test_no_long_function_or_class():
+  """Units a person can read in one go: no function over 80 lines, no class over 250 (ruff's
+  C901 keeps each function's complexity at 15 or less, ruff.toml)."""
+  long = []
+  for name, path in _modules().items():
+    for node in ast.walk(ast.parse(open(path).read())):
+      size = node.end_lineno - node.lineno + 1 if hasattr(node, "end_lineno") else 0
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > MAX_FUNCTION_LINES:
+        long.append(f"{name}.{node.name}: {size} lines (function)")
+      elif isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES:
+        long.append(f"{name}.{node.name}: {size} lines (class)")
+  assert long == []

@@ -3,13 +3,14 @@
 An experiment config has the groups `model`, `train`, `optimizer`, `data`,
 `mesh`. `base_config()` holds every field with its default; files in
 `configs/` start from it and set what they need. `validate()` checks values
-before anything is compiled and names the offending field.
+before anything is compiled and names the offending field: the `train` and `optimizer`
+groups become frozen typed configs (`TrainConfig`, `OptimizerConfig`) as `model` does.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 from absl import logging
 from ml_collections import config_dict
@@ -41,6 +42,133 @@ RESUME_MUTABLE = ("model.attention", "train.stop_after_steps", "train.resume_ste
                   "train.grad_accum_steps")
 
 
+def _fail(field: str, value: Any, allowed: str):
+  invalid(field, value, allowed, prefix="config field ")
+
+
+def _check_mode(mode) -> None:
+  """`train.mode`: "auto" or a registered training schedule."""
+  allowed = ("auto", *mode_names())
+  if mode not in allowed:
+    _fail("train.mode", mode, f"one of {allowed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The `train` group, typed and checked on construction (`train_config(config)`); the
+  checks that need the model (seq_len, loss_chunk against the mode) are `validate`'s."""
+  num_steps: int = 1000
+  stop_after_steps: Optional[int] = None  # stop early (resumable) at this step
+  resume_step: Optional[int] = None  # resume from this saved step (None: latest)
+  batch_size: int = 16              # global batch (all processes, all devices)
+  seq_len: int = 256
+  eval_every: int = 500
+  checkpoint_every: int = 500
+  log_every: int = 50               # steps between metric lines
+  seed: int = 0
+  mode: str = "auto"                # forward mode of training (auto: the type's default)
+  max_to_keep: int = 3              # checkpoints kept
+  async_checkpointing: bool = True
+  loss_chunk: Optional[int] = None  # head + CE this many positions at a time
+  grad_accum_steps: int = 1         # microbatches per optimizer step (the batch split in k)
+
+  def __post_init__(self):
+    for name in ("num_steps", "batch_size", "seq_len", "eval_every", "checkpoint_every",
+                 "log_every", "max_to_keep"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        _fail(f"train.{name}", value, "an integer >= 1")
+    self._check_steps()
+    _check_mode(self.mode)
+    chunk = self.loss_chunk
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)
+                              or chunk < 1):
+      _fail("train.loss_chunk", chunk, "None or an integer >= 1 (positions per chunk)")
+
+  def _check_steps(self):
+    """grad_accum_steps (dividing the batch), resume_step and stop_after_steps."""
+    k = self.grad_accum_steps
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+      _fail("train.grad_accum_steps", k, "an integer >= 1 (microbatches per optimizer step)")
+    if self.batch_size % k:
+      _fail("train.batch_size", self.batch_size, f"multiples of train.grad_accum_steps={k}")
+    n, resume, stop = self.num_steps, self.resume_step, self.stop_after_steps
+    if resume is not None and not (isinstance(resume, int) and 1 <= resume <= n):
+      _fail("train.resume_step", resume, f"None or a saved step in [1, train.num_steps={n}]")
+    if stop is not None and not 1 <= stop <= n:
+      _fail("train.stop_after_steps", stop, f"None or an integer in [1, train.num_steps={n}]")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """The `optimizer` group, typed and checked on construction (`optimizer_config(config)`):
+  "adamw" reads lr, b1, b2, eps, weight_decay; "muon" (train/optimizer.py) matrix_lr,
+  embedding_lr, unembedding_lr, scalar_lr, adam_b1/b2/eps, muon_momentum, weight_decay (the
+  matrices'), dmodel_lr_scale; both warmup/min_lr_frac, grad_clip, recurrence_lr_mult."""
+  name: str = "adamw"               # "adamw" or "muon"
+  lr: float = 5e-4                  # adamw: peak learning rate
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  weight_decay: float = 0.01
+  warmup_frac: float = 0.05         # linear warmup over this fraction of num_steps
+  min_lr_frac: float = 0.01         # cosine decay to lr * min_lr_frac
+  grad_clip: float = 1.0            # global-norm clip (0: off)
+  recurrence_lr_mult: float = 1.0   # learning-rate multiplier of the recurrence's parameters
+  matrix_lr: float = 0.02           # muon: hidden matrices
+  embedding_lr: float = 0.2         # muon: embeddings (Adam)
+  unembedding_lr: float = 0.004     # muon: LM head (Adam)
+  scalar_lr: float = 0.5            # muon: scalars (Adam)
+  adam_b1: float = 0.8
+  adam_b2: float = 0.95
+  adam_eps: float = 1e-10
+  muon_momentum: float = 0.95
+  dmodel_lr_scale: bool = True      # muon: scale Adam rates by (d_model / 768)^-0.5
+
+  def __post_init__(self):
+    if self.name not in OPTIMIZERS:
+      _fail("optimizer.name", self.name, f"one of {OPTIMIZERS}")
+    if not self.lr > 0:
+      _fail("optimizer.lr", self.lr, "> 0")
+    if not 0 <= self.warmup_frac < 1:
+      _fail("optimizer.warmup_frac", self.warmup_frac, "a fraction in [0, 1)")
+    if not 0 <= self.min_lr_frac <= 1:
+      _fail("optimizer.min_lr_frac", self.min_lr_frac, "a fraction in [0, 1]")
+    self._check_fractions("b1", "b2")
+    if self.weight_decay < 0:
+      _fail("optimizer.weight_decay", self.weight_decay, ">= 0")
+    if not self.grad_clip >= 0:
+      _fail("optimizer.grad_clip", self.grad_clip, ">= 0 (0 disables clipping)")
+    if not self.recurrence_lr_mult > 0:
+      _fail("optimizer.recurrence_lr_mult", self.recurrence_lr_mult, "> 0")
+    if self.name == "muon":
+      for name in ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "adam_eps"):
+        if not getattr(self, name) > 0:
+          _fail(f"optimizer.{name}", getattr(self, name), "> 0")
+      self._check_fractions("adam_b1", "adam_b2", "muon_momentum")
+
+  def _check_fractions(self, *names):
+    for name in names:
+      if not 0 <= getattr(self, name) < 1:
+        _fail(f"optimizer.{name}", getattr(self, name), "in [0, 1)")
+
+
+def _typed(cls, group):
+  """A typed group config in one constructor call from the group's values (a field a
+  saved config lacks gets its default; keys that are no field are ignored)."""
+  return cls(**{f.name: group[f.name] for f in dataclasses.fields(cls) if f.name in group})
+
+
+def train_config(config) -> TrainConfig:
+  """The typed, checked `train` group."""
+  return _typed(TrainConfig, config.train)
+
+
+def optimizer_config(config) -> OptimizerConfig:
+  """The typed, checked `optimizer` group."""
+  return _typed(OptimizerConfig, config.optimizer)
+
+
 def base_config() -> config_dict.ConfigDict:
   """Every field of an experiment config at its default (the configs/ files start here)."""
   c = config_dict.ConfigDict()
@@ -54,45 +182,19 @@ def base_config() -> config_dict.ConfigDict:
       **config_fields(default_family().config, skip=("recurrence", "schedule_options"))})
   c.model.recurrence = recurrence_config(default_recurrence().name)
   c.model.schedule_options = schedule_options_config()
-  c.train = dict(
-      num_steps=1000,
-      stop_after_steps=config_dict.placeholder(int),  # stop early (resumable) at this step
-      resume_step=config_dict.placeholder(int),  # resume from this saved step (None: latest)
-      batch_size=16,              # global batch (all processes, all devices)
-      seq_len=256,
-      eval_every=500,
-      checkpoint_every=500,
-      log_every=50,               # steps between metric lines
-      seed=0,
-      mode="auto",                # forward mode of training (auto: the type's default)
-      max_to_keep=3,              # checkpoints kept
-      async_checkpointing=True,
-      loss_chunk=config_dict.placeholder(int),        # head + CE this many positions at a time
-      grad_accum_steps=1)         # microbatches per optimizer step (the batch split in k)
-  # name "adamw": lr, b1, b2, eps, weight_decay; "muon" (train/optimizer.py): matrix_lr,
-  # embedding_lr, unembedding_lr, scalar_lr, adam_b1/b2/eps, muon_momentum, weight_decay
-  # (the matrices'), dmodel_lr_scale. Both: warmup/min_lr_frac, grad_clip, recurrence_lr_mult.
-  c.optimizer = dict(
-      name="adamw",               # "adamw" or "muon"
-      lr=5e-4,                    # adamw: peak learning rate
-      b1=0.9,
-      b2=0.95,
-      eps=1e-8,
-      weight_decay=0.01,
-      warmup_frac=0.05,           # linear warmup over this fraction of num_steps
-      min_lr_frac=0.01,           # cosine decay to lr * min_lr_frac
-      grad_clip=1.0,              # global-norm clip (0: off)
-      recurrence_lr_mult=1.0,     # learning-rate multiplier of the recurrence's parameters
-      matrix_lr=0.02,             # muon: hidden matrices
-      embedding_lr=0.2,           # muon: embeddings (Adam)
-      unembedding_lr=0.004,       # muon: LM head (Adam)
-      scalar_lr=0.5,              # muon: scalars (Adam)
-      adam_b1=0.8,
-      adam_b2=0.95,
-      adam_eps=1e-10,
-      muon_momentum=0.95,
-      dmodel_lr_scale=True)       # muon: scale Adam rates by (d_model / 768)^-0.5
-  c.data = dict(
+  c.train = config_fields(TrainConfig)
+  c.optimizer = config_fields(OptimizerConfig)
+  c.data = _data_defaults()
+  c.mesh = dict(
+      data=-1,                    # data-parallel axis (-1: the devices left over)
+      fsdp=1,                     # parameter-sharding axis
+      tensor=1)                   # tensor-parallel axis (heads, MLP, vocab)
+  return c
+
+
+def _data_defaults() -> dict:
+  """The `data` group: every task's fields at their defaults (a task reads its own)."""
+  return dict(
       task="s5_retrieval",        # s5_retrieval, s5_word_problem, variable_assignment, sft, lm
       group="S5",                 # S5 tasks: the permutation group
       min_actions=1,              # S5: actions per training example, drawn uniformly
@@ -129,15 +231,6 @@ def base_config() -> config_dict.ConfigDict:
       train_split="train",
       eval_split="validation",
       eval_blocks=config_dict.placeholder(int))       # lm: held-out blocks scored
-  c.mesh = dict(
-      data=-1,                    # data-parallel axis (-1: the devices left over)
-      fsdp=1,                     # parameter-sharding axis
-      tensor=1)                   # tensor-parallel axis (heads, MLP, vocab)
-  return c
-
-
-def _fail(field: str, value: Any, allowed: str):
-  invalid(field, value, allowed, prefix="config field ")
 
 
 _PLAIN = {"int": int, "float": float, "str": str, "bool": bool}
@@ -145,10 +238,10 @@ _PLAIN = {"int": int, "float": float, "str": str, "bool": bool}
 
 def config_fields(cls, skip=(), **overrides) -> dict:
   """The fields of a frozen config dataclass as the entries of an ml_collections group
-  (values, or FieldReferences to keep their types) at their defaults, each overridable on the command line as its type; a field that may be None
-  is a typed placeholder (`--config.model.n_kv_heads=2` parses as an int). Fields whose
-  type is not a plain int / float / str / bool / tuple (nested configs) are left out, as
-  are `skip`."""
+  (values, or FieldReferences to keep their types) at their defaults, each overridable on
+  the command line as its type; a field that may be None is a typed placeholder
+  (`--config.model.n_kv_heads=2` parses as an int). Fields whose type is not a plain int /
+  float / str / bool / tuple (nested configs) are left out, as are `skip`."""
   out = {}
   for f in dataclasses.fields(cls):
     if f.name in skip:
@@ -222,14 +315,19 @@ def _recurrence(config):
                      "with t2mlr_jax.train.config.recurrence_config(type))") from None
 
 
+# the fields `model.init_from` takes from this config, not from the pretrained model
+INIT_FROM_RUNTIME_FIELDS = ("dtype", "remat", "scan_layers", "max_seq_len", "attention")
+
+
 def _init_from_config(config) -> ModelConfig:
   """A pretrained model's shape (HF config.json or export model.json) + this config's
-  recurrence and runtime fields (dtype, remat, scan_layers, max_seq_len)."""
+  recurrence and runtime fields (INIT_FROM_RUNTIME_FIELDS; ModelConfig's default where the
+  group lacks one)."""
   m = config.model
+  runtime = {f.name: m.get(f.name, f.default) for f in dataclasses.fields(ModelConfig)
+             if f.name in INIT_FROM_RUNTIME_FIELDS}
   return pretrained_config(m.init_from, recurrence=_recurrence(config),
-                           schedule_options=_schedule_options(config), dtype=m.dtype,
-                           remat=m.remat, scan_layers=m.scan_layers, max_seq_len=m.max_seq_len,
-                           attention=m.get("attention", "xla"))
+                           schedule_options=_schedule_options(config), **runtime)
 
 
 def model_config(config):
@@ -270,9 +368,7 @@ def train_mode(config, cfg) -> str:
   schedule (T2MLR: jacobi, LRT: interleaved), parallel without a recurrence. Every
   schedule trains every recurrence type."""
   mode = config.train.mode
-  allowed = ("auto", *mode_names())
-  if mode not in allowed:
-    _fail("train.mode", mode, f"one of {allowed}")
+  _check_mode(mode)
   rec = getattr(cfg, "recurrence", None)
   if rec is None:
     return "parallel" if mode == "auto" else mode
@@ -280,65 +376,33 @@ def train_mode(config, cfg) -> str:
 
 
 def validate(config, devices=None):
-  """Check every group before anything is compiled; returns the typed model config.
-
-  Errors name the field (e.g. `train.num_steps`) and the allowed values. The
-  model fields are validated by the typed config's own checks; its kernels against
-  `devices` (those the steps are compiled for: `t2mlr_jax.compile`'s compile-only TPUs or
-  GPUs), by default this host's backend.
-  """
+  """Check every group before anything is compiled, naming the field (`train.num_steps`)
+  and the allowed values; returns the typed model config, its kernels checked against
+  `devices` (those the steps are compiled for; by default this host's backend)."""
   for name in ("train", "optimizer", "data", "mesh", "model"):
     if name not in config:
       _fail(name, None, "a config group (see t2mlr_jax.train.config.base_config)")
-  t, o = config.train, config.optimizer
-  for field in ("num_steps", "batch_size", "seq_len", "eval_every", "checkpoint_every",
-                "log_every", "max_to_keep"):
-    value = t[field]
-    if not isinstance(value, int) or value < 1:
-      _fail(f"train.{field}", value, "an integer >= 1")
-  k = t.get("grad_accum_steps", 1)
-  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-    _fail("train.grad_accum_steps", k, "an integer >= 1 (microbatches per optimizer step)")
-  if t.batch_size % k:
-    _fail("train.batch_size", t.batch_size, f"multiples of train.grad_accum_steps={k}")
-  if t.get("resume_step") is not None and not (isinstance(t.resume_step, int)
-                                              and 1 <= t.resume_step <= t.num_steps):
-    _fail("train.resume_step", t.resume_step, f"None or a saved step in [1, train.num_steps="
-          f"{t.num_steps}]")
-  if t.stop_after_steps is not None and not 1 <= t.stop_after_steps <= t.num_steps:
-    _fail("train.stop_after_steps", t.stop_after_steps,
-          f"None or an integer in [1, train.num_steps={t.num_steps}]")
-  if o.name not in OPTIMIZERS:
-    _fail("optimizer.name", o.name, f"one of {OPTIMIZERS}")
-  if not o.lr > 0:
-    _fail("optimizer.lr", o.lr, "> 0")
-  if not 0 <= o.warmup_frac < 1:
-    _fail("optimizer.warmup_frac", o.warmup_frac, "a fraction in [0, 1)")
-  if not 0 <= o.min_lr_frac <= 1:
-    _fail("optimizer.min_lr_frac", o.min_lr_frac, "a fraction in [0, 1]")
-  for field in ("b1", "b2"):
-    if not 0 <= o[field] < 1:
-      _fail(f"optimizer.{field}", o[field], "in [0, 1)")
-  if o.weight_decay < 0:
-    _fail("optimizer.weight_decay", o.weight_decay, ">= 0")
-  if not o.grad_clip >= 0:
-    _fail("optimizer.grad_clip", o.grad_clip, ">= 0 (0 disables clipping)")
-  if not o.recurrence_lr_mult > 0:
-    _fail("optimizer.recurrence_lr_mult", o.recurrence_lr_mult, "> 0")
-  if config.model.get("init_required", False) and not config.model.get("init_from"):
-    _fail("model.init_from", config.model.init_from,
-          "a Hugging Face directory or parameter export (this config fine-tunes a "
-          "pretrained model: --config.model.init_from=DIR)")
-  if o.name == "muon":
-    for field in ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "adam_eps"):
-      if not o[field] > 0:
-        _fail(f"optimizer.{field}", o[field], "> 0")
-    for field in ("adam_b1", "adam_b2", "muon_momentum"):
-      if not 0 <= o[field] < 1:
-        _fail(f"optimizer.{field}", o[field], "in [0, 1)")
+  t = train_config(config)
+  optimizer_config(config)
+  _check_init_required(config.model)
   cfg = model_config(config)
   mode = train_mode(config, cfg)
-  try:                                 # e.g. an attention kernel the devices cannot run
+  _check_kernels(cfg, devices)
+  _check_train_with_model(t, cfg, mode)
+  return cfg
+
+
+def _check_init_required(m) -> None:
+  """A config that fine-tunes a pretrained model (`model.init_required`) names it."""
+  if m.get("init_required", False) and not m.get("init_from"):
+    _fail("model.init_from", m.init_from,
+          "a Hugging Face directory or parameter export (this config fine-tunes a "
+          "pretrained model: --config.model.init_from=DIR)")
+
+
+def _check_kernels(cfg, devices) -> None:
+  """The family's own checks, e.g. an attention kernel the devices cannot run."""
+  try:
     family = family_of(cfg)
     if devices is None:
       family.check(cfg)
@@ -347,6 +411,11 @@ def validate(config, devices=None):
   except ValueError as e:
     field = str(e) if str(e).startswith("model.") else f"model.{e}"
     raise ValueError(f"config field {field}") from None
+
+
+def _check_train_with_model(t: TrainConfig, cfg, mode: str) -> None:
+  """The `train` fields checked against the model: seq_len, the schedule's options at it,
+  a chunked loss's mode (and the memory exact BPTT would need, warned)."""
   if t.seq_len > cfg.max_seq_len:
     _fail("train.seq_len", t.seq_len, f"<= model.max_seq_len={cfg.max_seq_len}")
   rec = getattr(cfg, "recurrence", None)
@@ -360,15 +429,11 @@ def validate(config, devices=None):
     except ValueError as e:
       raise ValueError(f"config field model.schedule_options.{e}".replace(
           "T=", "train.seq_len=")) from None
-  chunk = t.get("loss_chunk")
-  if chunk is not None:
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-      _fail("train.loss_chunk", chunk, "None or an integer >= 1 (positions per chunk)")
-    if family_of(cfg).hidden_states is None or (rec is not None
-                                                and mode not in hidden_modes()):
-      _fail("train.loss_chunk", chunk, f"None for train.mode={mode!r} (a chunked loss "
-            f"needs a transformer trained in one of {hidden_modes()})")
-  return cfg
+  chunk = t.loss_chunk
+  if chunk is not None and (family_of(cfg).hidden_states is None
+                            or (rec is not None and mode not in hidden_modes())):
+    _fail("train.loss_chunk", chunk, f"None for train.mode={mode!r} (a chunked loss "
+          f"needs a transformer trained in one of {hidden_modes()})")
 
 
 EXACT_BPTT_WARN_BYTES = 4 * 2**30

@@ -3,13 +3,15 @@
 Resumes automatically from the latest checkpoint in the workdir (refusing a
 config that differs in anything but the cadences and `stop_after_steps`).
 SIGTERM/SIGINT finish the current step, save a checkpoint and return; a second
-one exits at once without saving. A non-finite loss stops the run with NonFiniteLossError without saving, so the
-last good checkpoint stays the latest.
+one exits at once without saving. A non-finite loss stops the run with NonFiniteLossError
+without saving, so the last good checkpoint stays the latest. `train` is four steps: setup
+(`_setup`), opening and restoring (`_open`, `_restore`), the step loop (`_steps`), finish.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -18,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Any, Optional
 
 import jax
 import numpy as np
@@ -198,8 +201,42 @@ def _step_flops(cfg, t, mode):
   return family_of(cfg).train_step_flops(cfg, t.batch_size, t.seq_len, mode)
 
 
-def train(config, workdir: str, *, progress: bool = True) -> dict:
-  """Train (or resume) per `config` in `workdir`; returns the last logged metrics."""
+@dataclasses.dataclass
+class _Run:
+  """One run's pieces: what `_setup` builds from the config, then what `_open` opens (the
+  checkpointer, the data iterator, the metrics writer) and the state `_restore` gives."""
+  config: Any
+  workdir: str
+  task: tasks_lib.Task
+  cfg: Any
+  mode: str
+  mesh: Any
+  tx: Any
+  schedule: Any
+  is_main: bool
+  ckpt: Any = None
+  data_iter: Any = None
+  slots: int = 1
+  shardings: Any = None
+  writer: Any = None
+  state: Any = None
+  saved_step: Optional[int] = None
+  eval_batches: Any = None
+
+  @property
+  def t(self):
+    return self.config.train
+
+  def save(self, step: int) -> None:
+    """Checkpoint the state at `step` (refused, raising, if it is not finite)."""
+    _check_finite(self.state, self.ckpt)
+    self.ckpt.save(step, self.state, self.data_iter, self.config.to_dict(), self.cfg,
+                   data_slots=self.slots)
+    self.saved_step = step
+
+
+def _setup(config, workdir: str) -> _Run:
+  """Check the config and build what opens no file: the model config, mesh, optimizer."""
   task = tasks_lib.get_task(config)
   tasks_lib.check_source(config, task)
   cfg = config_lib.validate(config)
@@ -210,14 +247,18 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   mode = config_lib.train_mode(config, cfg)
   tx, schedule = make_optimizer(config.optimizer, t.num_steps, cfg)
   is_main = jax.process_index() == 0
+  _prepare_workdir(workdir, t.get("resume_step"), is_main)
+  return _Run(config, workdir, task, cfg, mode, mesh, tx, schedule, is_main)
+
+
+def _prepare_workdir(workdir: str, resume_step, is_main: bool) -> None:
+  """Create the workdir; with `train.resume_step`, set the steps after it aside."""
   root = paths.resolve(workdir)
   if root.exists() and not root.is_dir():
     raise ValueError(f"workdir {workdir} is a file: allowed a directory (a new one, or the "
                      "workdir of a run to resume)")
   if is_main:
     root.mkdir(parents=True, exist_ok=True)
-
-  resume_step = t.get("resume_step")
   if resume_step is not None and is_main:
     moved = checkpoint.set_aside_after(workdir, resume_step)
     if moved:
@@ -227,137 +268,179 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
     # the other processes open the checkpoints only once process 0 has moved them
     multihost_utils.sync_global_devices("t2mlr_jax resume_step")
 
+
+def _open(run: _Run, cleanup: contextlib.ExitStack) -> None:
+  """Open the checkpointer, the data iterator and the metrics writer (`cleanup` closes
+  them on every way out: a refused resume or a failed restore too)."""
+  config, t = run.config, run.t
+  run.ckpt = cleanup.enter_context(contextlib.closing(checkpoint.Checkpointer(
+      run.workdir, max_to_keep=t.max_to_keep, async_save=t.async_checkpointing)))
+  source = run.task.train_source(config, t.num_steps * t.batch_size)
+  slot, run.slots = sharding.process_batch_slot(run.mesh, t.batch_size)
+  run.data_iter = make_iterator(source, global_batch=t.batch_size, seq_len=t.seq_len,
+                                shuffle=config.data.shuffle, seed=t.seed,
+                                num_threads=config.data.num_threads,
+                                prefetch=config.data.prefetch, process_index=slot,
+                                process_count=run.slots,
+                                num_examples=t.num_steps * t.batch_size)
+  run.shardings = state_shardings(run.cfg, run.tx, run.mesh)
+  run.writer = cleanup.enter_context(contextlib.closing(
+      MetricsWriter(run.workdir, enabled=run.is_main)))
+
+
+def _restore(run: _Run) -> None:
+  """The state: the latest checkpoint's, or a fresh one (from `model.init_from` if set)."""
+  config = run.config
+  latest = run.saved_step = run.ckpt.latest_step()
+  if latest is not None:
+    run.state = _resume(run, latest)
+  else:
+    run.state = create_state(run.cfg, run.tx, jax.random.PRNGKey(run.t.seed), run.mesh)
+    run.writer.truncate_after(0)        # records of an earlier attempt that saved nothing
+    if config.model.init_from:
+      run.state = _init_from_pretrained(run.state, config, run.cfg, run.tx, run.shardings)
+  if run.is_main:
+    _record_run(run.workdir, config)
+
+
+def _resume(run: _Run, latest: int):
+  """Restore step `latest`, refusing another config (but for RESUME_MUTABLE's fields), an
+  unreadable step or another data layout."""
+  ckpt, workdir, t = run.ckpt, run.workdir, run.t
+  try:
+    saved = ckpt.read_json(latest, "config")
+    meta = ckpt.read_json(latest, "meta")
+  except Exception as e:      # a damaged step: say which, and how to go on
+    raise _unreadable(workdir, latest, ckpt, e) from e
+  ckpt.check_format(latest, meta)
+  _check_same_config(saved, run.config.to_dict(), workdir)
+  _check_same_data_layout(meta, run.slots, workdir, latest)
+  target = checkpoint.with_shardings(abstract_state(run.cfg, run.tx), run.shardings)
+  try:                        # (its format is checked above)
+    state = ckpt.restore(latest, target, run.data_iter)
+  except Exception as e:
+    raise _unreadable(workdir, latest, ckpt, e) from e
+  run.writer.truncate_after(latest)
+  if latest >= t.num_steps:
+    _say(f"the run in {workdir} is complete (step {latest} of {t.num_steps}): nothing to "
+         f"train. Its losses and evaluations: {paths.resolve(workdir) / 'metrics.jsonl'}"
+         f"; its checkpoints: {paths.resolve(workdir) / 'checkpoints'}; evaluate it with "
+         f"python -m t2mlr_jax.evaluate --workdir={workdir}")
+  else:
+    _say(f"resumed from step {latest} in {workdir}")
+  return state
+
+
+def _check_same_config(saved: dict, current: dict, workdir) -> None:
+  """Refuse to resume a run saved with another config, naming each field that differs."""
+  conflicts = config_lib.resume_conflicts(saved, current)
+  if conflicts:
+    detail = ", ".join(f"{k}: saved {config_lib.flatten(saved).get(k)!r} vs now "
+                       f"{config_lib.flatten(current).get(k)!r}" for k in conflicts)
+    raise ValueError(f"{workdir} holds a run with a different config; refusing to resume "
+                     f"(only {', '.join(config_lib.RESUME_MUTABLE)} may change): {detail}")
+
+
+def _log(run: _Run, step: int, window: list, elapsed: float, step_flops, bar) -> dict:
+  """Write the window's metrics (WINDOW_MEANS' means, the others' last values, rates)."""
+  t = run.t
+  _check_finite(run.state, run.ckpt)
+  fetched = jax.device_get(window)
+  last = {k: float(np.mean([m[k] for m in fetched])) if k in WINDOW_MEANS
+          else _logged(fetched[-1][k]) for k in fetched[-1]}
+  last["loss_last"] = float(np.asarray(fetched[-1]["loss"]))
+  last["tokens_per_sec"] = len(window) * t.batch_size * t.seq_len / max(elapsed, 1e-9)
+  last["steps_per_sec"] = len(window) / max(elapsed, 1e-9)
+  if step_flops:
+    last["step_flops"] = step_flops      # the cost model's, per optimizer step
+    achieved = step_flops * last["steps_per_sec"]
+    last["model_tflops_per_sec"] = achieved / 1e12
+    peak = flops.peak_flops()
+    if peak:
+      last["mfu"] = achieved / (peak * jax.device_count())
+  last["loss_window"] = len(window)
+  run.writer.write(step, last)
+  # a window shorter than log_every (after a resume, at a stop) says which steps its mean
+  # loss covers
+  span = ({} if len(window) == t.log_every
+          else {"over_steps": f"{step - len(window) + 1}-{step}"})
+  bar.update(len(window), loss=last["loss"], **span, tok_s=int(last["tokens_per_sec"]))
+  return last
+
+
+def _evaluate(run: _Run, step: int) -> None:
+  """The task's evaluation (exact, and the other views) at `step`: logged and said."""
+  config, task, cfg, params = run.config, run.task, run.cfg, run.state.params
+  if run.eval_batches is None:
+    run.eval_batches = task.eval_batches(config)
+  results = tasks_lib.run_eval(task, config, params, cfg, run.eval_batches, mesh=run.mesh)
+  # the same batches with zero memory (what the recurrence adds) and, for language
+  # modelling, in the training view too: the views but exact (the last), done above
+  for view in runner.views(cfg, run.mode if task.train_views else None)[:-1]:
+    results[view] = tasks_lib.run_eval(task, config, params, cfg, run.eval_batches,
+                                       mode=view, mesh=run.mesh)
+  run.writer.write(step, results, kind="eval")
+  _say(f"step {step} eval (exact): " + _summary(results) + "".join(
+      f" | {view}: {_summary(v)}" for view, v in results.items() if isinstance(v, dict)))
+
+
+def _steps(run: _Run, cleanup: contextlib.ExitStack, progress: bool) -> dict:
+  """The step loop to `train.stop_after_steps` (or the end, or a stop signal): logs,
+  evaluations and checkpoints at their cadences; returns the last logged metrics."""
+  t = run.t
+  train_step = make_train_step(run.cfg, run.tx, run.schedule, run.mode, run.mesh,
+                               t.get("loss_chunk"), t.get("grad_accum_steps", 1))
+  data_sharding = sharding.batch_sharding(run.mesh)
+  step = first_step = int(jax.device_get(run.state.step))
+  stop_at = t.num_steps if t.stop_after_steps is None else t.stop_after_steps
+  step_flops = _step_flops(run.cfg, t, run.mode)
+  bar = cleanup.enter_context(contextlib.closing(
+      Progress(t.num_steps, step, enabled=progress and run.is_main)))
+  window, last = [], {}
+  window_start = time.perf_counter()
+  if step < stop_at:
+    _say(f"compiling the {run.mode} train step (tens of seconds on a CPU); the first log "
+         f"line comes after step {min((step // t.log_every + 1) * t.log_every, stop_at)}")
+  with _StopSignal() as stop:
+    while step < stop_at:
+      batch = _global_batch(next(run.data_iter), data_sharding)
+      run.state, metrics = train_step(run.state, batch)
+      step += 1
+      if step == first_step + 1:      # the compile: rates and the ETA count after it
+        jax.block_until_ready(metrics)
+        _say(f"compiled: the first step took {time.perf_counter() - window_start:.0f} s")
+        bar.compiled()
+      window.append(metrics)
+      # every process stops at the same step, whichever received the signal
+      stopping = distributed.any_process(stop.received is not None)
+      if step % t.log_every == 0 or step == stop_at or stopping:
+        last = _log(run, step, window, time.perf_counter() - window_start, step_flops, bar)
+        window, window_start = [], time.perf_counter()
+      if step % t.eval_every == 0 or step == t.num_steps:
+        _evaluate(run, step)
+        window_start = time.perf_counter()
+      if step % t.checkpoint_every == 0 or step == stop_at or stopping:
+        run.save(step)
+      if stopping:
+        _say(f"received {stop.received or 'a stop signal (another process)'}: saved step "
+             f"{step}, exiting")
+        break
+    _finish(run, step)
+  return last
+
+
+def _finish(run: _Run, step: int) -> None:
+  """Save the last step unless the loop just did (a run already complete saves nothing)."""
+  if run.saved_step != step:
+    run.save(step)
+
+
+def train(config, workdir: str, *, progress: bool = True) -> dict:
+  """Train (or resume) per `config` in `workdir`; returns the last logged metrics."""
+  run = _setup(config, workdir)
   # Everything opened below is closed on every way out: a refused resume or a failed
   # restore too (an open TensorBoard writer and Orbax's threads outlive the call).
   with contextlib.ExitStack() as cleanup:
-    ckpt = cleanup.enter_context(contextlib.closing(checkpoint.Checkpointer(
-        workdir, max_to_keep=t.max_to_keep, async_save=t.async_checkpointing)))
-    source = task.train_source(config, t.num_steps * t.batch_size)
-    slot, slots = sharding.process_batch_slot(mesh, t.batch_size)
-    data_iter = make_iterator(source, global_batch=t.batch_size, seq_len=t.seq_len,
-                              shuffle=config.data.shuffle, seed=t.seed,
-                              num_threads=config.data.num_threads, prefetch=config.data.prefetch,
-                              process_index=slot, process_count=slots,
-                              num_examples=t.num_steps * t.batch_size)
-    shardings = state_shardings(cfg, tx, mesh)
-    writer = cleanup.enter_context(contextlib.closing(MetricsWriter(workdir, enabled=is_main)))
-    latest = ckpt.latest_step()
-    if latest is not None:
-      try:
-        saved = ckpt.read_json(latest, "config")
-        meta = ckpt.read_json(latest, "meta")
-      except Exception as e:      # a damaged step: say which, and how to go on
-        raise _unreadable(workdir, latest, ckpt, e) from e
-      ckpt.check_format(latest, meta)
-      conflicts = config_lib.resume_conflicts(saved, config.to_dict())
-      if conflicts:
-        detail = ", ".join(f"{k}: saved {config_lib.flatten(saved).get(k)!r} vs now "
-                           f"{config_lib.flatten(config.to_dict()).get(k)!r}" for k in conflicts)
-        raise ValueError(f"{workdir} holds a run with a different config; refusing to resume "
-                         f"(only {', '.join(config_lib.RESUME_MUTABLE)} may change): {detail}")
-      _check_same_data_layout(meta, slots, workdir, latest)
-      target = checkpoint.with_shardings(abstract_state(cfg, tx), shardings)
-      try:                        # (its format is checked above)
-        state = ckpt.restore(latest, target, data_iter)
-      except Exception as e:
-        raise _unreadable(workdir, latest, ckpt, e) from e
-      writer.truncate_after(latest)
-      if latest >= t.num_steps:
-        _say(f"the run in {workdir} is complete (step {latest} of {t.num_steps}): nothing to "
-             f"train. Its losses and evaluations: {paths.resolve(workdir) / 'metrics.jsonl'}"
-             f"; its checkpoints: {paths.resolve(workdir) / 'checkpoints'}; evaluate it with "
-             f"python -m t2mlr_jax.evaluate --workdir={workdir}")
-      else:
-        _say(f"resumed from step {latest} in {workdir}")
-    else:
-      state = create_state(cfg, tx, jax.random.PRNGKey(t.seed), mesh)
-      writer.truncate_after(0)        # records of an earlier attempt that saved nothing
-      if config.model.init_from:
-        state = _init_from_pretrained(state, config, cfg, tx, shardings)
-    if is_main:
-      _record_run(workdir, config)
-
-    train_step = make_train_step(cfg, tx, schedule, mode, mesh, t.get("loss_chunk"),
-                                 t.get("grad_accum_steps", 1))
-    data_sharding = sharding.batch_sharding(mesh)
-    eval_batches = None
-    step = int(jax.device_get(state.step))
-    stop_at = t.num_steps if t.stop_after_steps is None else t.stop_after_steps
-    tokens_per_step = t.batch_size * t.seq_len
-    step_flops = _step_flops(cfg, t, mode)
-    bar = cleanup.enter_context(contextlib.closing(
-        Progress(t.num_steps, step, enabled=progress and is_main)))
-    window, last = [], {}
-    window_start = time.perf_counter()
-    saved_step = latest
-
-    def save(step):
-      nonlocal saved_step
-      _check_finite(state, ckpt)
-      ckpt.save(step, state, data_iter, config.to_dict(), cfg, data_slots=slots)
-      saved_step = step
-
-    if step < stop_at:
-      _say(f"compiling the {mode} train step (tens of seconds on a CPU); the first log line "
-           f"comes after step {min((step // t.log_every + 1) * t.log_every, stop_at)}")
-    first_step = step
-    with _StopSignal() as stop:
-      while step < stop_at:
-        batch = _global_batch(next(data_iter), data_sharding)
-        state, metrics = train_step(state, batch)
-        step += 1
-        if step == first_step + 1:      # the compile: rates and the ETA count after it
-          jax.block_until_ready(metrics)
-          _say(f"compiled: the first step took {time.perf_counter() - window_start:.0f} s")
-          bar.compiled()
-        window.append(metrics)
-        # every process stops at the same step, whichever received the signal
-        stopping = distributed.any_process(stop.received is not None)
-        if step % t.log_every == 0 or step == stop_at or stopping:
-          _check_finite(state, ckpt)
-          fetched = jax.device_get(window)
-          elapsed = time.perf_counter() - window_start
-          last = {k: float(np.mean([m[k] for m in fetched])) if k in WINDOW_MEANS
-                  else _logged(fetched[-1][k]) for k in fetched[-1]}
-          last["loss_last"] = float(np.asarray(fetched[-1]["loss"]))
-          last["tokens_per_sec"] = len(window) * tokens_per_step / max(elapsed, 1e-9)
-          last["steps_per_sec"] = len(window) / max(elapsed, 1e-9)
-          if step_flops:
-            last["step_flops"] = step_flops      # the cost model's, per optimizer step
-            achieved = step_flops * last["steps_per_sec"]
-            last["model_tflops_per_sec"] = achieved / 1e12
-            peak = flops.peak_flops()
-            if peak:
-              last["mfu"] = achieved / (peak * jax.device_count())
-          last["loss_window"] = len(window)
-          writer.write(step, last)
-          # a window shorter than log_every (after a resume, at a stop) says which steps
-          # its mean loss covers
-          span = ({} if len(window) == t.log_every
-                  else {"over_steps": f"{step - len(window) + 1}-{step}"})
-          bar.update(len(window), loss=last["loss"], **span, tok_s=int(last["tokens_per_sec"]))
-          window, window_start = [], time.perf_counter()
-        if step % t.eval_every == 0 or step == t.num_steps:
-          if eval_batches is None:
-            eval_batches = task.eval_batches(config)
-          results = tasks_lib.run_eval(task, config, state.params, cfg, eval_batches,
-                                       mesh=mesh)
-          # the same batches with zero memory (what the recurrence adds) and, for language
-          # modelling, in the training view too: the views but exact (the last), done above
-          for view in runner.views(cfg, mode if task.train_views else None)[:-1]:
-            results[view] = tasks_lib.run_eval(task, config, state.params, cfg, eval_batches,
-                                               mode=view, mesh=mesh)
-          writer.write(step, results, kind="eval")
-          _say(f"step {step} eval (exact): " + _summary(results) + "".join(
-              f" | {view}: {_summary(v)}" for view, v in results.items()
-              if isinstance(v, dict)))
-          window_start = time.perf_counter()
-        if step % t.checkpoint_every == 0 or step == stop_at or stopping:
-          save(step)
-        if stopping:
-          _say(f"received {stop.received or 'a stop signal (another process)'}: saved step "
-               f"{step}, exiting")
-          break
-      if saved_step != step:
-        save(step)
-    return last
+    _open(run, cleanup)
+    _restore(run)
+    return _steps(run, cleanup, progress)
