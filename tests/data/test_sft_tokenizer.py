@@ -94,6 +94,9 @@ def _prepare_tfds(data_dir: str, records: list[dict]) -> None:
 
   class TinyGsm8kAug(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version("1.0.0")
+    # a builder as a script defines it: tfds looks for a dotted module's files (this test's
+    # is `data.test_sft_tokenizer`) through importlib_resources, which it does not install
+    __module__ = "tiny_gsm8k_aug"
 
     def _info(self):
       return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
