@@ -1,6 +1,8 @@
 """The server's routes (an APIRouter): each handler reads the Server from
-`request.app.state.server`, checks the request (schemas.py), hands its jobs to the
-scheduler and answers in OpenAI's shape, as one JSON body or as server-sent events."""
+`request.app.state.server`, reads the body and checks it as its pydantic model
+(schemas.py: a 400 in OpenAI's shape, not FastAPI's 422; the model documents the body in
+/openapi.json), hands its jobs to the scheduler and answers in OpenAI's shape, as one
+JSON body or as server-sent events."""
 
 from __future__ import annotations
 
@@ -15,10 +17,15 @@ from t2mlr_jax.serving.scheduler import Job, QueueFull
 from t2mlr_jax.serving.schemas import (
   MAX_BODY_BYTES,
   ApiError,
+  ChatRequest,
+  CompletionRequest,
+  DetokenizeRequest,
   Settings,
+  TokenizeRequest,
+  openapi_body,
+  parsed,
   prompts_of,
   settings_of,
-  typed,
 )
 
 try:        # the optional extra `serve` (pip install -e ".[serve]")
@@ -76,6 +83,12 @@ async def body_of(request: Request, server) -> dict:
     raise ApiError(404, f"model={model!r} does not exist: allowed {server.name!r}",
                    "model", kind="not_found_error")
   return body
+
+
+async def request_of(request: Request, server, model):
+  """The body as a checked `model` (schemas.py); 413/400/404 as body_of, 400 naming the
+  first invalid field."""
+  return parsed(model, await body_of(request, server), server.engine.max_len)
 
 
 def submit(server, jobs: list) -> None:
@@ -191,28 +204,19 @@ async def tokenizer_info(request: Request):
           "model_max_length": server.engine.max_len}
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
 async def tokenize(request: Request):
   server = request.app.state.server
-  body = await body_of(request, server)
-  text = typed(body, "prompt", (str,), None, "a string")
-  if text is None:
-    raise ApiError(400, "prompt is required: allowed a string", "prompt")
-  special = typed(body, "add_special_tokens", (bool,), False, "true or false")
-  ids = server.tok.encode(text, special)
+  req = await request_of(request, server, TokenizeRequest)
+  ids = server.tok.encode(req.prompt, req.add_special_tokens)
   return {"tokens": ids, "count": len(ids), "max_model_len": server.engine.max_len}
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
 async def detokenize(request: Request):
   server = request.app.state.server
-  body = await body_of(request, server)
-  ids = body.get("tokens")
-  if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                          for t in ids):
-    raise ApiError(400, f"tokens={str(ids)[:60]} is invalid: allowed a list of token ids",
-                   "tokens")
-  return {"prompt": server.tok.decode(ids)}
+  req = await request_of(request, server, DetokenizeRequest)
+  return {"prompt": server.tok.decode(req.tokens)}
 
 
 @router.get("/metrics")
@@ -235,12 +239,12 @@ async def metrics(request: Request):
 
 # ----------------------------------------------------------------------- completions
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
 async def completions(request: Request):
   server = request.app.state.server
-  body = await body_of(request, server)
-  settings = settings_of(body, server, chat=False, default_max=16)
-  prompts = prompts_of(body, server.tok, server.add_bos)
+  req = await request_of(request, server, CompletionRequest)
+  settings = settings_of(req, server)
+  prompts = prompts_of(req.prompt, server.tok, server.add_bos)
   check_lengths(server, prompts, settings)
   loop = asyncio.get_running_loop()
   jobs = [Job(ids, settings, loop) for ids in prompts]
@@ -329,12 +333,12 @@ async def _completion_events(server, jobs: list, rid: str, created: int):
 
 # ----------------------------------------------------------------------- chat completions
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=openapi_body(ChatRequest))
 async def chat_completions(request: Request):
   server = request.app.state.server
-  body = await body_of(request, server)
-  settings = settings_of(body, server, chat=True, default_max=None)
-  ids = _chat_prompt(server, body.get("messages"))
+  req = await request_of(request, server, ChatRequest)
+  settings = settings_of(req, server)
+  ids = _chat_prompt(server, req.messages)
   if settings.max_tokens is None:               # as OpenAI: what the context has room for
     settings.max_tokens = max(server.engine.max_len - len(ids), 1)
   check_lengths(server, [ids], settings)
@@ -365,18 +369,14 @@ async def chat_completions(request: Request):
 
 
 def _chat_prompt(server, messages) -> list[int]:
-  """The messages through the model's chat template, as token ids; 400 naming messages."""
-  if not isinstance(messages, list) or not messages or not all(
-      isinstance(m, dict) and isinstance(m.get("role"), str) and
-      isinstance(m.get("content"), str) for m in messages):
-    raise ApiError(400, "messages is invalid: allowed a non-empty list of {role, content} "
-                   "objects with string content", "messages")
+  """The (checked) messages through the model's chat template, as token ids; 400 naming
+  messages."""
   if not server.tok.chat_template:
     raise ApiError(400, f"model {server.name!r} has no chat template: use /v1/completions",
                    "messages")
   try:
     text = server.tok.tok.apply_chat_template(
-        [{"role": m["role"], "content": m["content"]} for m in messages])
+        [{"role": m.role, "content": m.content} for m in messages])
   except Exception as e:  # noqa: BLE001 - the template's own message
     raise ApiError(400, f"the chat template refused the messages: {e}", "messages") \
         from None

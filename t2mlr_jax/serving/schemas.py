@@ -1,24 +1,41 @@
-"""The server's requests, checked: each field's type and range, a 400 naming the field
-otherwise, and errors in OpenAI's JSON shape (server.py, routes.py)."""
+"""The server's request bodies as pydantic models (each field's type, bounds and default;
+/openapi.json documents them), a 400 naming the first invalid field with the values it
+allows, and errors in OpenAI's JSON shape (server.py, routes.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 import uuid
-from typing import Optional
+from typing import Annotated, Literal, Optional, Union
 
 from t2mlr_jax.data.tokenizer import TokenizerView
 from t2mlr_jax.model.control_flow import CF_PLAIN, CF_RECURRENT
 from t2mlr_jax.serving.engine import TOP_LOGPROBS, Sampling
 
-try:        # the optional extra `serve` (pip install -e ".[serve]")
+try:        # the optional extra `serve` (pip install -e ".[serve]"; pydantic comes with FastAPI)
   from fastapi.responses import JSONResponse
+  from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+  )
+  from pydantic_core import PydanticCustomError
 except ImportError as e:      # pragma: no cover - the message is the point
   raise ImportError(f"{e}: the server needs FastAPI and uvicorn: pip install -e \".[serve]\"") \
       from None
 
 MAX_BODY_BYTES = 4 * 2**20
 RECURRENCE = {"exact": CF_RECURRENT, "off": CF_PLAIN}
+RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 
 
 class ApiError(Exception):
@@ -36,18 +53,232 @@ class ApiError(Exception):
                         status_code=self.status, headers=self.headers)
 
 
-# ----------------------------------------------------------------------- request checks
+# ----------------------------------------------------------------------- field types
 
-def typed(body: dict, name: str, kinds, default, allowed: str):
-  """body[name] if of one of `kinds` (bool is not a number), else 400 naming the field."""
-  value = body.get(name, default)
-  if value is None:
-    return default
-  ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-  if not ok:
-    raise ApiError(400, f"{name}={value!r} is invalid: allowed {allowed}", name)
-  return value
+@dataclasses.dataclass(frozen=True)
+class Allowed:
+  """What a field's 400 says it allows: `text` (for a value of the wrong type; `in_range`
+  for one out of the field's bounds), in `message` (`missing` for no value), formatted
+  with name, value and cut (str(value)[:60]). It is the field's description in the schema."""
+  text: str
+  in_range: Optional[str] = None
+  message: str = "{name}={value!r} is invalid: allowed {text}"
+  missing: Optional[str] = None
 
+  def __get_pydantic_json_schema__(self, core_schema, handler):
+    schema = handler(core_schema)
+    schema.setdefault("description", f"allowed {self.text}")
+    return schema
+
+
+def refuse(message: str, param: str) -> PydanticCustomError:
+  """A rule pydantic's own checks don't express, broken: the 400's message and field."""
+  return PydanticCustomError("api_error", "{message}", {"message": message, "param": param})
+
+
+MaxTokens = Annotated[Optional[StrictInt], Field(json_schema_extra={"minimum": 1}),
+                      Allowed("an integer >= 1")]
+Temperature = Annotated[StrictFloat, Field(ge=0, le=2), Allowed("a number in [0, 2]", "[0, 2]")]
+TopP = Annotated[StrictFloat, Field(gt=0, le=1), Allowed("a number in (0, 1]", "(0, 1]")]
+TopK = Annotated[StrictInt, Field(ge=0),
+                 Allowed("an integer >= 0 (0: off)", "an integer >= 0")]
+Seed = Annotated[Optional[StrictInt], Allowed("an integer")]
+Stop = Annotated[Union[StrictStr, list], Field(default_factory=list),
+                 Allowed("a string or a list of up to 4 strings")]
+N = Annotated[StrictInt, Field(ge=1, le=1), Allowed("1")]
+Flag = Annotated[StrictBool, Allowed("true or false")]
+Recurrence = Annotated[Literal["exact", "off"], Allowed(f"one of {list(RECURRENCE)}")]
+TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
+Prompt = Annotated[
+    Union[StrictStr, TokenIds,
+          Annotated[list[Union[StrictStr, list[StrictInt]]], Field(min_length=1)]],
+    Allowed("a string, a list of token ids, or a list of either",
+            message="{name}={cut!r} is invalid: allowed {text}")]
+
+
+class StreamOptions(BaseModel):
+  model_config = ConfigDict(extra="ignore")
+  include_usage: Flag = False
+
+
+Options = Annotated[Optional[StreamOptions], Allowed("an object")]
+
+
+class Message(BaseModel):
+  model_config = ConfigDict(extra="ignore")
+  role: StrictStr
+  content: StrictStr
+
+
+# ----------------------------------------------------------------------- request bodies
+
+class RequestBody(BaseModel):
+  """A request body: OpenAI's fields this server does not use are ignored, null is the
+  default; fields are checked in their order here, the first invalid one answered."""
+  model_config = ConfigDict(extra="ignore")
+  model: Optional[str] = Field(None, description="the served model's name (--name)")
+
+  @model_validator(mode="before")
+  @classmethod
+  def _null_is_the_default(cls, data):
+    if not isinstance(data, dict):
+      return data
+    if "max_completion_tokens" in data and "max_completion_tokens" in cls.model_fields:
+      data = {k: v for k, v in data.items() if k != "max_tokens"}    # the newer name wins
+    return {k: v for k, v in data.items() if v is not None}
+
+  @field_validator("max_tokens", "max_completion_tokens", check_fields=False)
+  @classmethod
+  def _within_the_context(cls, value, info: ValidationInfo):
+    max_len = (info.context or {}).get("max_len")
+    if value is not None and not 1 <= value <= (max_len or value):
+      raise refuse(f"max_tokens={value} is invalid: allowed 1..{max_len} (--max_len)",
+                   "max_tokens")
+    return value
+
+  @field_validator("stop", check_fields=False)
+  @classmethod
+  def _up_to_4_strings(cls, stop):
+    stop = [stop] if isinstance(stop, str) else stop
+    if len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+      raise refuse(f"stop={stop!r} is invalid: allowed a string or a list of up to 4 "
+                   "non-empty strings", "stop")
+    return stop
+
+
+class CompletionRequest(RequestBody):
+  """POST /v1/completions."""
+  max_tokens: MaxTokens = 16
+  temperature: Temperature = 1.0
+  top_p: TopP = 1.0
+  top_k: TopK = 0
+  seed: Seed = None
+  stop: Stop
+  n: N = 1
+  logprobs: Annotated[Optional[StrictInt],
+                      Field(json_schema_extra={"minimum": 0, "maximum": TOP_LOGPROBS}),
+                      Allowed(f"an integer 0..{TOP_LOGPROBS}")] = None
+  echo: Annotated[Flag, Field(validate_default=True)] = False
+  recurrence: Recurrence = "exact"
+  stream_options: Options = None
+  stream: Flag = False
+  prompt: Prompt
+
+  @field_validator("echo")
+  @classmethod
+  def _logprobs_in_range(cls, echo, info: ValidationInfo):
+    """logprobs' range (checked after echo's type, as the server always has)."""
+    n = info.data.get("logprobs")
+    if n is not None and not 0 <= n <= TOP_LOGPROBS:
+      raise refuse(f"logprobs={n} is invalid: allowed 0..{TOP_LOGPROBS}", "logprobs")
+    return echo
+
+
+class ChatRequest(RequestBody):
+  """POST /v1/chat/completions; max_tokens None: the room left in the context."""
+  max_tokens: MaxTokens = None
+  max_completion_tokens: MaxTokens = None
+  temperature: Temperature = 1.0
+  top_p: TopP = 1.0
+  top_k: TopK = 0
+  seed: Seed = None
+  stop: Stop
+  n: N = 1
+  logprobs: Flag = False
+  top_logprobs: Annotated[StrictInt, Allowed(f"0..{TOP_LOGPROBS}")] = 0
+  recurrence: Recurrence = "exact"
+  stream_options: Options = None
+  stream: Flag = False
+  messages: Annotated[list[Message], Field(min_length=1), Allowed(
+      "a non-empty list of {role, content} objects with string content",
+      message="{name} is invalid: allowed {text}")]
+
+  @field_validator("top_logprobs")
+  @classmethod
+  def _top_in_range(cls, top, info: ValidationInfo):
+    if info.data.get("logprobs") and not 0 <= top <= TOP_LOGPROBS:
+      raise refuse(f"logprobs={top} is invalid: allowed 0..{TOP_LOGPROBS}", "logprobs")
+    return top
+
+
+class TokenizeRequest(RequestBody):
+  """POST /tokenize."""
+  prompt: Annotated[StrictStr, Allowed("a string", missing="{name} is required: allowed "
+                                                           "{text}")]
+  add_special_tokens: Flag = False
+
+
+class DetokenizeRequest(RequestBody):
+  """POST /detokenize."""
+  tokens: Annotated[list[StrictInt], Allowed("a list of token ids",
+                                             message="{name}={cut} is invalid: allowed {text}")]
+
+
+# ----------------------------------------------------------------------- checking
+
+def parsed(model: type[RequestBody], body: dict, max_len: int) -> RequestBody:
+  """The body as a `model`, checked (max_tokens within max_len); 400 naming the first
+  invalid field otherwise."""
+  try:
+    return model.model_validate(body, context={"max_len": max_len})
+  except ValidationError as e:
+    raise refused(e, model, body) from None
+
+
+def _model_in(annotation) -> Optional[type]:
+  """The pydantic model a field holds (itself, in a list or Optional), if any."""
+  for a in (annotation, *typing.get_args(annotation)):
+    if isinstance(a, type) and not typing.get_args(a) and issubclass(a, BaseModel):
+      return a
+  return None
+
+
+def refused(e: ValidationError, model: type[BaseModel], body: dict) -> ApiError:
+  """The 400 of the first error: the message of the field's Allowed (nested fields by
+  their dotted name), or the message a rule of ours raised."""
+  err = e.errors()[0]
+  if err["type"] == "api_error":
+    return ApiError(400, err["ctx"]["message"], err["ctx"]["param"])
+  names, field, value = [], None, body
+  for part in err["loc"]:
+    info = getattr(model, "model_fields", {}).get(part) if isinstance(part, str) else None
+    if info is None:
+      break
+    names.append(part)
+    field, model = info, _model_in(info.annotation)
+    value = value.get(part) if isinstance(value, dict) else None
+  allowed = next((m for m in field.metadata if isinstance(m, Allowed)), None) if field \
+      else None
+  if allowed is None:
+    return ApiError(400, f"the request body is invalid: {err['msg']}",
+                    names[0] if names else None)
+  text, message = allowed.text, allowed.message
+  if err["type"] in RANGE_ERRORS:
+    text = allowed.in_range or text
+    value = float(value) if field.annotation is float else value
+  if err["type"] == "missing" and allowed.missing:
+    message = allowed.missing
+  return ApiError(400, message.format(name=".".join(names), value=value,
+                                      cut=str(value)[:60], text=text), names[0])
+
+
+def openapi_body(model: type[BaseModel]) -> dict:
+  """A route's `openapi_extra` documenting `model` as its JSON body (the routes read the
+  body themselves, to answer errors as OpenAI does); nested models inlined."""
+  schema = model.model_json_schema()
+  defs = schema.pop("$defs", {})
+
+  def inline(node):
+    if isinstance(node, dict):
+      if "$ref" in node:
+        return inline(defs[node["$ref"].rsplit("/", 1)[-1]])
+      return {k: inline(v) for k, v in node.items()}
+    return [inline(v) for v in node] if isinstance(node, list) else node
+  return {"requestBody": {"required": True,
+                          "content": {"application/json": {"schema": inline(schema)}}}}
+
+
+# ----------------------------------------------------------------------- the settings
 
 @dataclasses.dataclass
 class Settings:
@@ -63,81 +294,32 @@ class Settings:
   include_usage: bool = False
 
 
-def settings_of(body: dict, server, *, chat: bool,
-              default_max: Optional[int]) -> Settings:
-  """The request's settings; max_tokens None (chat without one): the context's room."""
-  max_tokens = typed(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                      else "max_tokens", (int,), default_max, "an integer >= 1")
-  if max_tokens is not None and not 1 <= max_tokens <= server.engine.max_len:
-    raise ApiError(400, f"max_tokens={max_tokens} is invalid: allowed 1.."
-                   f"{server.engine.max_len} (--max_len)", "max_tokens")
-  temperature = float(typed(body, "temperature", (int, float), 1.0, "a number in [0, 2]"))
-  if not 0 <= temperature <= 2:
-    raise ApiError(400, f"temperature={temperature} is invalid: allowed [0, 2]", "temperature")
-  top_p = float(typed(body, "top_p", (int, float), 1.0, "a number in (0, 1]"))
-  if not 0 < top_p <= 1:
-    raise ApiError(400, f"top_p={top_p} is invalid: allowed (0, 1]", "top_p")
-  top_k = typed(body, "top_k", (int,), 0, "an integer >= 0 (0: off)")
-  if top_k < 0:
-    raise ApiError(400, f"top_k={top_k} is invalid: allowed an integer >= 0", "top_k")
-  seed = typed(body, "seed", (int,), None, "an integer")
-  seed = int(uuid.uuid4().int % 2**31) if seed is None else seed % 2**31
-  stop = typed(body, "stop", (str, list), [], "a string or a list of up to 4 strings")
-  stop = [stop] if isinstance(stop, str) else stop
-  if len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-    raise ApiError(400, f"stop={stop!r} is invalid: allowed a string or a list of up to 4 "
-                   "non-empty strings", "stop")
-  n = typed(body, "n", (int,), 1, "1")
-  if n != 1:
-    raise ApiError(400, f"n={n} is invalid: allowed 1", "n")
-  if chat:
-    want = typed(body, "logprobs", (bool,), False, "true or false")
-    top = typed(body, "top_logprobs", (int,), 0, f"0..{TOP_LOGPROBS}")
-    logprobs = top if want else None
-    echo = False
-  else:
-    logprobs = typed(body, "logprobs", (int,), None, f"an integer 0..{TOP_LOGPROBS}")
-    echo = typed(body, "echo", (bool,), False, "true or false")
-  if logprobs is not None and not 0 <= logprobs <= TOP_LOGPROBS:
-    raise ApiError(400, f"logprobs={logprobs} is invalid: allowed 0..{TOP_LOGPROBS}",
-                   "logprobs")
-  recurrence = typed(body, "recurrence", (str,), "exact", f"one of {list(RECURRENCE)}")
-  if recurrence not in RECURRENCE:
-    raise ApiError(400, f"recurrence={recurrence!r} is invalid: allowed one of "
-                   f"{list(RECURRENCE)}", "recurrence")
-  prompt_cf = CF_PLAIN if recurrence == "off" else (
+def settings_of(req: Union[CompletionRequest, ChatRequest], server) -> Settings:
+  """A checked request's settings; max_tokens None (chat without one): the context's room."""
+  chat = isinstance(req, ChatRequest)
+  seed = int(uuid.uuid4().int % 2**31) if req.seed is None else req.seed % 2**31
+  prompt_cf = CF_PLAIN if req.recurrence == "off" else (
       server.chat_control_flow if chat else server.completion_control_flow)
-  options = typed(body, "stream_options", (dict,), {}, "an object")
-  include_usage = options.get("include_usage", False)
-  if not isinstance(include_usage, bool):
-    raise ApiError(400, f"stream_options.include_usage={include_usage!r} is invalid: allowed "
-                   "true or false", "stream_options")
-  return Settings(max_tokens, Sampling(temperature, top_k, top_p, seed), stop, echo, logprobs,
-                  typed(body, "stream", (bool,), False, "true or false"),
-                  RECURRENCE[recurrence], prompt_cf, include_usage)
+  return Settings(
+      getattr(req, "max_completion_tokens", None) or req.max_tokens,
+      Sampling(float(req.temperature), req.top_k, float(req.top_p), seed), req.stop,
+      False if chat else req.echo,
+      (req.top_logprobs if req.logprobs else None) if chat else req.logprobs,
+      req.stream, RECURRENCE[req.recurrence], prompt_cf,
+      req.stream_options is not None and req.stream_options.include_usage)
 
 
-def prompts_of(body: dict, tok: TokenizerView, add_bos: bool) -> list[list[int]]:
-  """The prompt field as token-id lists: text, token ids, or a list of either."""
-  prompt = body.get("prompt")
-  bad = ApiError(400, f"prompt={str(prompt)[:60]!r} is invalid: allowed a string, a list of "
-                 "token ids, or a list of either", "prompt")
-  if isinstance(prompt, str):
+def prompts_of(prompt, tok: TokenizerView, add_bos: bool) -> list[list[int]]:
+  """A checked prompt as token-id lists: text, token ids, or a list of either."""
+  if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt):
     prompt = [prompt]
-  elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and
-                                                    not isinstance(t, bool) for t in prompt):
-    prompt = [prompt]
-  if not isinstance(prompt, list) or not prompt:
-    raise bad
   out = []
   for p in prompt:
     if isinstance(p, str):
       ids = tok.encode(p, False)
       if add_bos and tok.bos_id is not None:
         ids = [tok.bos_id] + ids
-    elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-      ids = list(p)
     else:
-      raise bad
+      ids = list(p)
     out.append(ids)
   return out

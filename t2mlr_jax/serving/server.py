@@ -8,8 +8,9 @@ tokenizer routes lm-eval's remote tokenizer asks for (`GET /tokenizer_info`,
 (`engine.py`), each with its own recurrent state; a scheduler thread drives the engine
 and hands every request its tokens as they come. Errors are OpenAI's JSON shape with the
 right status; the server stays up. Extension field: `recurrence` "exact" (default) or
-"off" (control flow 1 on every token). The routes are in routes.py, the request checks in
-schemas.py, the scheduler in scheduler.py. docs/serving.md.
+"off" (control flow 1 on every token). The routes are in routes.py, the request bodies
+(pydantic models, in /openapi.json) in schemas.py, the scheduler in scheduler.py.
+docs/serving.md.
 """
 
 from __future__ import annotations

@@ -182,6 +182,36 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(running, body, s
   assert ok == 200 and out["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+def test_openapi_documents_the_request_bodies(running):
+  """The request bodies are pydantic models: /openapi.json lists their fields, bounds and
+  defaults; a field's 400 still names it and the values it allows (not FastAPI's 422)."""
+  status, text = running.get("/openapi.json")
+  assert status == 200
+  paths = json.loads(text)["paths"]
+  body = paths["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]
+  fields = body["schema"]["properties"]
+  assert {"prompt", "max_tokens", "temperature", "top_p", "logprobs", "echo", "stream",
+          "recurrence"} <= set(fields)
+  assert fields["temperature"]["minimum"] == 0 and fields["temperature"]["maximum"] == 2
+  assert fields["max_tokens"]["default"] == 16 and body["schema"]["required"] == ["prompt"]
+  chat = paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+  assert "messages" in chat["schema"]["required"]
+  assert "tokens" in json.dumps(paths["/detokenize"]["post"]["requestBody"])
+  for path, body, message in (
+      ("/v1/completions", {"prompt": "x", "temperature": 3},
+       "temperature=3.0 is invalid: allowed [0, 2]"),
+      ("/v1/completions", {"prompt": "x", "top_k": "2"},
+       "top_k='2' is invalid: allowed an integer >= 0 (0: off)"),
+      ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": 1}},
+       "stream_options.include_usage=1 is invalid: allowed true or false"),
+      ("/v1/chat/completions", {"messages": [{"role": "user"}]},
+       "messages is invalid: allowed a non-empty list of {role, content} objects with "
+       "string content"),
+      ("/tokenize", {}, "prompt is required: allowed a string")):
+    got, out, _ = running.post(path, body)
+    assert got == 400 and out["error"]["message"] == message, out
+
+
 def test_a_body_over_the_limit_is_refused_before_it_is_read(running):
   """A Content-Length over the limit is answered 413 at once: the body is never read
   (the client here sends none of it)."""
