@@ -3,8 +3,9 @@
 An experiment config has the groups `model`, `train`, `optimizer`, `data`,
 `mesh`. `base_config()` holds every field with its default; files in
 `configs/` start from it and set what they need. `validate()` checks values
-before anything is compiled and names the offending field: the `train` and `optimizer`
-groups become frozen typed configs (`TrainConfig`, `OptimizerConfig`) as `model` does.
+before anything is compiled and names the offending field: the `train`, `optimizer` and
+`data` groups become frozen typed configs (`TrainConfig`, `OptimizerConfig`, the task's
+dataclass in train/data_configs.py) as `model` does.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from t2mlr_jax.registry import (
   family_of,
   schedule_option_defaults,
 )
-from t2mlr_jax.train.optimizer import OPTIMIZERS
+from t2mlr_jax.train.data_configs import DATA_CONFIGS, DataConfig
+from t2mlr_jax.train.optimizer import OptimizerConfig
 
 # Fields a resumed run may change; any other difference is refused.
 RESUME_MUTABLE = ("model.attention", "train.stop_after_steps", "train.resume_step",
@@ -99,60 +101,6 @@ class TrainConfig:
       _fail("train.stop_after_steps", stop, f"None or an integer in [1, train.num_steps={n}]")
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-  """The `optimizer` group, typed and checked on construction (`optimizer_config(config)`):
-  "adamw" reads lr, b1, b2, eps, weight_decay; "muon" (train/optimizer.py) matrix_lr,
-  embedding_lr, unembedding_lr, scalar_lr, adam_b1/b2/eps, muon_momentum, weight_decay (the
-  matrices'), dmodel_lr_scale; both warmup/min_lr_frac, grad_clip, recurrence_lr_mult."""
-  name: str = "adamw"               # "adamw" or "muon"
-  lr: float = 5e-4                  # adamw: peak learning rate
-  b1: float = 0.9
-  b2: float = 0.95
-  eps: float = 1e-8
-  weight_decay: float = 0.01
-  warmup_frac: float = 0.05         # linear warmup over this fraction of num_steps
-  min_lr_frac: float = 0.01         # cosine decay to lr * min_lr_frac
-  grad_clip: float = 1.0            # global-norm clip (0: off)
-  recurrence_lr_mult: float = 1.0   # learning-rate multiplier of the recurrence's parameters
-  matrix_lr: float = 0.02           # muon: hidden matrices
-  embedding_lr: float = 0.2         # muon: embeddings (Adam)
-  unembedding_lr: float = 0.004     # muon: LM head (Adam)
-  scalar_lr: float = 0.5            # muon: scalars (Adam)
-  adam_b1: float = 0.8
-  adam_b2: float = 0.95
-  adam_eps: float = 1e-10
-  muon_momentum: float = 0.95
-  dmodel_lr_scale: bool = True      # muon: scale Adam rates by (d_model / 768)^-0.5
-
-  def __post_init__(self):
-    if self.name not in OPTIMIZERS:
-      _fail("optimizer.name", self.name, f"one of {OPTIMIZERS}")
-    if not self.lr > 0:
-      _fail("optimizer.lr", self.lr, "> 0")
-    if not 0 <= self.warmup_frac < 1:
-      _fail("optimizer.warmup_frac", self.warmup_frac, "a fraction in [0, 1)")
-    if not 0 <= self.min_lr_frac <= 1:
-      _fail("optimizer.min_lr_frac", self.min_lr_frac, "a fraction in [0, 1]")
-    self._check_fractions("b1", "b2")
-    if self.weight_decay < 0:
-      _fail("optimizer.weight_decay", self.weight_decay, ">= 0")
-    if not self.grad_clip >= 0:
-      _fail("optimizer.grad_clip", self.grad_clip, ">= 0 (0 disables clipping)")
-    if not self.recurrence_lr_mult > 0:
-      _fail("optimizer.recurrence_lr_mult", self.recurrence_lr_mult, "> 0")
-    if self.name == "muon":
-      for name in ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "adam_eps"):
-        if not getattr(self, name) > 0:
-          _fail(f"optimizer.{name}", getattr(self, name), "> 0")
-      self._check_fractions("adam_b1", "adam_b2", "muon_momentum")
-
-  def _check_fractions(self, *names):
-    for name in names:
-      if not 0 <= getattr(self, name) < 1:
-        _fail(f"optimizer.{name}", getattr(self, name), "in [0, 1)")
-
-
 def _typed(cls, group):
   """A typed group config in one constructor call from the group's values (a field a
   saved config lacks gets its default; keys that are no field are ignored)."""
@@ -167,6 +115,15 @@ def train_config(config) -> TrainConfig:
 def optimizer_config(config) -> OptimizerConfig:
   """The typed, checked `optimizer` group."""
   return _typed(OptimizerConfig, config.optimizer)
+
+
+def data_config(config):
+  """The typed, checked `data` group of `data.task` (its DATA_CONFIGS entry) from the
+  task's own fields (one a saved config lacks at its default; the others ignored)."""
+  task = config.data.get("task", DataConfig.task)
+  if task not in DATA_CONFIGS:
+    _fail("data.task", task, f"one of {sorted(DATA_CONFIGS)}")
+  return _typed(DATA_CONFIGS[task], config.data)
 
 
 def base_config() -> config_dict.ConfigDict:
@@ -184,7 +141,7 @@ def base_config() -> config_dict.ConfigDict:
   c.model.schedule_options = schedule_options_config()
   c.train = config_fields(TrainConfig)
   c.optimizer = config_fields(OptimizerConfig)
-  c.data = _data_defaults()
+  c.data = data_fields()
   c.mesh = dict(
       data=-1,                    # data-parallel axis (-1: the devices left over)
       fsdp=1,                     # parameter-sharding axis
@@ -192,45 +149,14 @@ def base_config() -> config_dict.ConfigDict:
   return c
 
 
-def _data_defaults() -> dict:
-  """The `data` group: every task's fields at their defaults (a task reads its own)."""
-  return dict(
-      task="s5_retrieval",        # s5_retrieval, s5_word_problem, variable_assignment, sft, lm
-      group="S5",                 # S5 tasks: the permutation group
-      min_actions=1,              # S5: actions per training example, drawn uniformly
-      max_actions=32,
-      eval_min_actions=1,         # S5: evaluated lengths
-      eval_max_actions=48,
-      eval_lengths=config_dict.placeholder(str),      # S5: e.g. "8,16,32" instead
-      eval_examples_per_length=32,
-      eval_batch_size=64,
-      value_len=4,                # S5-Retrieval: characters per dictionary value
-      dict_size=config_dict.placeholder(int),         # S5-Retrieval: dictionary pairs
-      retrieval=True,             # S5: value slots target the retrieved value
-      curriculum_start=config_dict.placeholder(int),  # S5: max_actions at step 0
-      curriculum_steps=0,         # S5: steps to grow to max_actions
-      curriculum_hold_steps=0,
-      group_curriculum="",        # S5: e.g. "Z2:2000" or "Z2+S3:2000" (group schedule)
-      value_curriculum="",        # S5-Retrieval: e.g. "1:3000" (value-length schedule)
-      va_depth=2,                 # variable_assignment: chain depth
-      path=config_dict.placeholder(str),              # sft: JSONL or tfds:NAME:SPLIT; lm: dataset
-      eval_path=config_dict.placeholder(str),
-      tfds_data_dir=config_dict.placeholder(str),
-      format="auto",              # sft: "auto", "prompt_response" or "gsm8k_aug"
-      tokenizer=config_dict.placeholder(str),         # directory with tokenizer.json
-      chat=False,                 # sft: wrap in the tokenizer's chat template
-      add_bos=False,
-      packed=True,                # sft: pack examples into rows (segment ids)
-      too_long="error",           # sft: "error" or "drop" (never truncated)
-      eval_limit=256,             # sft: held-out examples scored
-      shuffle=False,
-      num_threads=1,              # Grain worker threads
-      prefetch=4,
-      # task "lm": data.path is a prepared dataset (t2mlr_jax.data.prepare)
-      mask_documents=True,        # lm: attention and memory do not cross documents
-      train_split="train",
-      eval_split="validation",
-      eval_blocks=config_dict.placeholder(int))       # lm: held-out blocks scored
+def data_fields() -> dict:
+  """The `data` group: every task's fields (DATA_CONFIGS, each declared in its task's
+  dataclass; two tasks sharing one share its default) at their defaults."""
+  out = {}
+  for cls in DATA_CONFIGS.values():
+    for name, value in config_fields(cls).items():
+      out.setdefault(name, value)
+  return out
 
 
 _PLAIN = {"int": int, "float": float, "str": str, "bool": bool}
@@ -384,6 +310,7 @@ def validate(config, devices=None):
       _fail(name, None, "a config group (see t2mlr_jax.train.config.base_config)")
   t = train_config(config)
   optimizer_config(config)
+  data_config(config)
   _check_init_required(config.model)
   cfg = model_config(config)
   mode = train_mode(config, cfg)

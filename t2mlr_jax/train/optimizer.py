@@ -23,15 +23,19 @@ when fine-tuning a pretrained model).
   one leaf: it is in the embeddings group.
 `recurrence_lr_mult` scales the updates of every recurrence leaf (`recurrence_mask`:
 params["recurrence"] and LRT's per-layer `memory`) after its group's optimizer, under
-either optimizer.
+either optimizer. `OptimizerConfig` is the typed `optimizer` group (fields, defaults,
+checks); `make_optimizer` takes it.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import optax
 from optax import contrib
 
+from t2mlr_jax.config import invalid
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.registry import FAMILIES, RECURRENCES, family_of
 
@@ -40,6 +44,73 @@ MUON_GROUPS = ("matrices", "embeddings", "unembedding", "scalars")
 STACKED = ("layers", "value_embeds")       # top-level trees with a leading layer axis
 # the backbone's token-indexed tables (a recurrence type declares its own)
 EMBEDDING_LEAVES = (("embed", "embedding"), ("value_embeds", "embedding"))
+
+
+def _fail(field, value, allowed):
+  invalid(field, value, allowed, prefix="config field ")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """The `optimizer` group, typed and checked on construction (`as_optimizer_config`,
+  config.optimizer_config): "adamw" reads lr, b1, b2, eps, weight_decay; "muon" matrix_lr,
+  embedding_lr, unembedding_lr, scalar_lr, adam_b1/b2/eps, muon_momentum, weight_decay (the
+  matrices'), dmodel_lr_scale; both warmup/min_lr_frac, grad_clip, recurrence_lr_mult."""
+  name: str = "adamw"               # "adamw" or "muon"
+  lr: float = 5e-4                  # adamw: peak learning rate
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  weight_decay: float = 0.01
+  warmup_frac: float = 0.05         # linear warmup over this fraction of num_steps
+  min_lr_frac: float = 0.01         # cosine decay to lr * min_lr_frac
+  grad_clip: float = 1.0            # global-norm clip (0: off)
+  recurrence_lr_mult: float = 1.0   # learning-rate multiplier of the recurrence's parameters
+  matrix_lr: float = 0.02           # muon: hidden matrices
+  embedding_lr: float = 0.2         # muon: embeddings (Adam)
+  unembedding_lr: float = 0.004     # muon: LM head (Adam)
+  scalar_lr: float = 0.5            # muon: scalars (Adam)
+  adam_b1: float = 0.8
+  adam_b2: float = 0.95
+  adam_eps: float = 1e-10
+  muon_momentum: float = 0.95
+  dmodel_lr_scale: bool = True      # muon: scale Adam rates by (d_model / 768)^-0.5
+
+  def __post_init__(self):
+    if self.name not in OPTIMIZERS:
+      _fail("optimizer.name", self.name, f"one of {OPTIMIZERS}")
+    if not self.lr > 0:
+      _fail("optimizer.lr", self.lr, "> 0")
+    if not 0 <= self.warmup_frac < 1:
+      _fail("optimizer.warmup_frac", self.warmup_frac, "a fraction in [0, 1)")
+    if not 0 <= self.min_lr_frac <= 1:
+      _fail("optimizer.min_lr_frac", self.min_lr_frac, "a fraction in [0, 1]")
+    self._check_fractions("b1", "b2")
+    if self.weight_decay < 0:
+      _fail("optimizer.weight_decay", self.weight_decay, ">= 0")
+    if not self.grad_clip >= 0:
+      _fail("optimizer.grad_clip", self.grad_clip, ">= 0 (0 disables clipping)")
+    if not self.recurrence_lr_mult > 0:
+      _fail("optimizer.recurrence_lr_mult", self.recurrence_lr_mult, "> 0")
+    if self.name == "muon":
+      for name in ("matrix_lr", "embedding_lr", "unembedding_lr", "scalar_lr", "adam_eps"):
+        if not getattr(self, name) > 0:
+          _fail(f"optimizer.{name}", getattr(self, name), "> 0")
+      self._check_fractions("adam_b1", "adam_b2", "muon_momentum")
+
+  def _check_fractions(self, *names):
+    for name in names:
+      if not 0 <= getattr(self, name) < 1:
+        _fail(f"optimizer.{name}", getattr(self, name), "in [0, 1)")
+
+
+def as_optimizer_config(opt_config) -> OptimizerConfig:
+  """An OptimizerConfig as it is; an `optimizer` group (ConfigDict, dict) typed in one call
+  (a field it lacks at its default, keys that are no field ignored)."""
+  if isinstance(opt_config, OptimizerConfig):
+    return opt_config
+  return OptimizerConfig(**{f.name: opt_config[f.name] for f in dataclasses.fields(
+      OptimizerConfig) if f.name in opt_config})
 
 
 def _keys(path) -> tuple:
@@ -141,27 +212,24 @@ def _muon(opt_config, num_steps: int, d_model, cfg):
           sched(o.matrix_lr))
 
 
-def make_optimizer(opt_config, num_steps: int, cfg=None):
-  """(optax transform, the schedule reported as `lr`: AdamW's, or Muon's matrix LR).
-  Masks follow the tree structure, so one transform serves any model. `cfg`, the model's
-  config (a ModelConfig, the LSTM's, or None), gives the recurrence type whose no-decay
-  leaves and embedding tables apply (None: every registered type's) and the d_model of
-  Muon's dmodel_lr_scale."""
-  d_model = getattr(cfg, "d_model", None)
-  if opt_config.name not in OPTIMIZERS:
-    raise ValueError(f"config field optimizer.name={opt_config.name!r} is invalid: allowed "
-                     f"one of {OPTIMIZERS}")
+def make_optimizer(opt_config: OptimizerConfig, num_steps: int, cfg=None):
+  """(optax transform, the schedule reported as `lr`: AdamW's, or Muon's matrix LR) of the
+  typed `opt_config` (an `optimizer` group is typed first: `as_optimizer_config`). Masks
+  follow the tree structure, so one transform serves any model. `cfg`, the model's config
+  (a ModelConfig, the LSTM's, or None), gives the recurrence type whose no-decay leaves and
+  embedding tables apply (None: every registered type's) and the d_model of Muon's
+  dmodel_lr_scale."""
+  o = as_optimizer_config(opt_config)
   parts = []
-  if opt_config.grad_clip:
-    parts.append(optax.clip_by_global_norm(opt_config.grad_clip))
-  if opt_config.name == "muon":
-    tx, schedule = _muon(opt_config, num_steps, d_model, cfg)
+  if o.grad_clip:
+    parts.append(optax.clip_by_global_norm(o.grad_clip))
+  if o.name == "muon":
+    tx, schedule = _muon(o, num_steps, getattr(cfg, "d_model", None), cfg)
     parts.append(tx)
   else:
-    schedule = make_schedule(opt_config, num_steps)
-    parts.append(optax.adamw(schedule, b1=opt_config.b1, b2=opt_config.b2,
-                             eps=opt_config.eps, weight_decay=opt_config.weight_decay,
-                             mask=lambda p: decay_mask(p, cfg)))
-  if opt_config.recurrence_lr_mult != 1.0:
-    parts.append(optax.masked(optax.scale(opt_config.recurrence_lr_mult), recurrence_mask))
+    schedule = make_schedule(o, num_steps)
+    parts.append(optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps,
+                             weight_decay=o.weight_decay, mask=lambda p: decay_mask(p, cfg)))
+  if o.recurrence_lr_mult != 1.0:
+    parts.append(optax.masked(optax.scale(o.recurrence_lr_mult), recurrence_mask))
   return optax.chain(*parts), schedule

@@ -1,7 +1,9 @@
 """Tasks: what data a config trains on and how it is evaluated.
 
 A task turns the `data` config group into a training source (random access,
-deterministic per index), fixed evaluation batches, and a metrics accumulator.
+deterministic per index), fixed evaluation batches, and a metrics accumulator. Each task
+declares its data fields as a frozen dataclass (`Task.data`, train/data_configs.py) that
+checks them; the checks here need the prepared dataset or the model.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from t2mlr_jax.data import (
   s5,
   s5_curricula,
   s5_examples,
-  s5_group,
   sft,
   variable_assignment,
 )
@@ -28,12 +29,21 @@ from t2mlr_jax.eval.runner import evaluate
 from t2mlr_jax.eval.s5 import S5Metrics
 from t2mlr_jax.eval.sequence import SequenceMetrics
 from t2mlr_jax.registry import FAMILIES
+from t2mlr_jax.train.config import data_config
+from t2mlr_jax.train.data_configs import (
+  LMData,
+  S5RetrievalData,
+  S5WordProblemData,
+  SFTData,
+  VariableAssignmentData,
+)
 
 EVAL_SEED_OFFSET = 1_000_003      # eval examples never share seeds with training ones
 
 
 class Task(NamedTuple):
   name: str
+  data: type                   # its data fields' frozen dataclass (data_configs.DATA_CONFIGS)
   train_source: Callable       # (config, num_examples) -> random-access source
   eval_batches: Callable       # (config) -> list of padded batch dicts
   metrics: Callable            # () -> accumulator with update(pred, batch) / result()
@@ -47,28 +57,16 @@ def _fail(field, value, allowed):
   invalid(field, value, allowed, prefix="config field ")
 
 
-def eval_lengths(d) -> list[int]:
-  if d.eval_lengths:
-    try:
-      lengths = sorted({int(x) for x in str(d.eval_lengths).split(",") if x.strip()})
-    except ValueError:
-      _fail("data.eval_lengths", d.eval_lengths, "comma-separated integers, e.g. '8,16,32'")
-    if not lengths or lengths[0] < 1:
-      _fail("data.eval_lengths", d.eval_lengths, "positive integers")
-    return lengths
-  if not 1 <= d.eval_min_actions <= d.eval_max_actions:
-    _fail("data.eval_max_actions", d.eval_max_actions,
-          f">= data.eval_min_actions={d.eval_min_actions} >= 1")
-  return list(range(d.eval_min_actions, d.eval_max_actions + 1))
-
-
 def _s5_kwargs(d, word_problem):
-  if d.group not in s5_group.GROUPS:
-    _fail("data.group", d.group, f"one of {s5_group.GROUPS}")
   if word_problem:
     return dict(group=d.group)
   return dict(group=d.group, value_len=d.value_len, dict_size=d.dict_size,
               retrieval=d.retrieval)
+
+
+def _s5_max_len(config, word_problem):
+  d = data_config(config)
+  return _s5_length(d, d.max_actions, word_problem)
 
 
 def _s5_length(d, n, word_problem):
@@ -79,7 +77,7 @@ def _s5_length(d, n, word_problem):
 
 
 def _s5_train_source(config, num_examples, word_problem):
-  d, t = config.data, config.train
+  d, t = data_config(config), config.train
   curriculum = None
   if d.curriculum_start is not None:
     curriculum = functools.partial(s5_curricula.length_curriculum, start=d.curriculum_start,
@@ -103,17 +101,17 @@ def _s5_train_source(config, num_examples, word_problem):
 
 
 def _s5_eval_batches(config, word_problem):
-  d = config.data
+  d = data_config(config)
   kwargs = _s5_kwargs(d, word_problem)
   examples = []
-  for n in eval_lengths(d):
+  for n in d.lengths():
     for i in range(d.eval_examples_per_length):
       seed = (config.train.seed + EVAL_SEED_OFFSET, n, i)
       examples.append(s5_examples.generate_word_problem(seed, n, **kwargs) if word_problem
                       else s5_examples.generate_example(seed, n, **kwargs))
   seq_len = max(len(ex["input_ids"]) for ex in examples)
   if seq_len > config.model.max_seq_len:
-    _fail("data.eval_max_actions", max(eval_lengths(d)),
+    _fail("data.eval_max_actions", max(d.lengths()),
           f"lengths whose sequences fit model.max_seq_len={config.model.max_seq_len} "
           f"(the longest needs {seq_len})")
   return pipeline.stack_batches(examples, seq_len, d.eval_batch_size)
@@ -122,20 +120,20 @@ def _s5_eval_batches(config, word_problem):
 def _make_s5(name, word_problem):
   return Task(
       name=name,
+      data=S5WordProblemData if word_problem else S5RetrievalData,
       train_source=functools.partial(_s5_train_source, word_problem=word_problem),
       eval_batches=functools.partial(_s5_eval_batches, word_problem=word_problem),
       metrics=S5Metrics,
-      max_train_len=lambda config: _s5_length(config.data, config.data.max_actions,
-                                              word_problem))
+      max_train_len=functools.partial(_s5_max_len, word_problem=word_problem))
 
 
 def _va_source(config, num_examples, seed_offset=0):
   return variable_assignment.VariableAssignmentSource(
-      num_examples, base_seed=config.train.seed + seed_offset, depth=config.data.va_depth)
+      num_examples, base_seed=config.train.seed + seed_offset, depth=data_config(config).va_depth)
 
 
 def _va_eval_batches(config):
-  d = config.data
+  d = data_config(config)
   src = _va_source(config, d.eval_examples_per_length, EVAL_SEED_OFFSET)
   examples = [src[i] for i in range(len(src))]
   seq_len = max(len(ex["input_ids"]) for ex in examples)
@@ -148,7 +146,7 @@ def _va_max_len(config):
 
 
 def _tokenizer(config):
-  path = config.data.tokenizer or config.model.init_from
+  path = data_config(config).tokenizer or config.model.init_from
   if not path:
     _fail("data.tokenizer", path, "a directory with tokenizer.json (or set model.init_from)")
   return load_tokenizer(path)
@@ -163,7 +161,7 @@ def _sft_examples(path, tokenizer_dir, seq_len, fmt, chat, add_bos, packed, too_
 
 
 def _sft_source_for(config, path, packed, limit=None):
-  d = config.data
+  d = data_config(config)
   if not path:
     _fail("data.path", path, "a JSONL file or 'tfds:NAME:SPLIT' of {question, steps, answer} "
           "or {prompt, response} records")
@@ -172,11 +170,12 @@ def _sft_source_for(config, path, packed, limit=None):
 
 
 def _sft_train_source(config, num_examples):
-  return sft.repeat(_sft_source_for(config, config.data.path, config.data.packed), num_examples)
+  d = data_config(config)
+  return sft.repeat(_sft_source_for(config, d.path, d.packed), num_examples)
 
 
 def _sft_eval_batches(config):
-  d = config.data
+  d = data_config(config)
   src = _sft_source_for(config, d.eval_path or d.path, False, d.eval_limit)
   examples = [src[i] for i in range(len(src))]
   seq_len = max(len(ex["input_ids"]) for ex in examples)
@@ -185,12 +184,13 @@ def _sft_eval_batches(config):
 
 def _sft_max_len(config):
   _tokenizer(config)          # fails early, naming the field, if there is none
-  src = _sft_source_for(config, config.data.path, config.data.packed)
+  d = data_config(config)
+  src = _sft_source_for(config, d.path, d.packed)
   return max(len(src[i]["input_ids"]) for i in range(len(src)))
 
 
 def _lm_source(config, split):
-  d = config.data
+  d = data_config(config)
   if not d.path:
     _fail("data.path", d.path, "a prepared dataset directory (python -m "
           "t2mlr_jax.data.prepare)")
@@ -199,16 +199,13 @@ def _lm_source(config, split):
 
 def _lm_train_source(config, num_examples):
   del num_examples      # the pipeline repeats the blocks in epochs
-  return _lm_source(config, config.data.train_split)
+  return _lm_source(config, data_config(config).train_split)
 
 
 def _lm_eval_batches(config):
-  n = config.data.eval_blocks
-  if n is not None and n < 1:
-    _fail("data.eval_blocks", n, "None (every block) or an integer >= 1")
-  examples = spread(_lm_source(config, config.data.eval_split), n)
-  return pipeline.stack_batches(examples, len(examples[0]["input_ids"]),
-                                config.data.eval_batch_size)
+  d = data_config(config)
+  examples = spread(_lm_source(config, d.eval_split), d.eval_blocks)
+  return pipeline.stack_batches(examples, len(examples[0]["input_ids"]), d.eval_batch_size)
 
 
 def _lm_evaluate(config, params, cfg, batches, mode, mesh=None):
@@ -217,24 +214,26 @@ def _lm_evaluate(config, params, cfg, batches, mode, mesh=None):
 
 
 def _lm_block_size(config):
-  if not config.data.path:
-    _fail("data.path", config.data.path, "a prepared dataset directory")
+  path = data_config(config).path
+  if not path:
+    _fail("data.path", path, "a prepared dataset directory")
   try:
-    return read_manifest(config.data.path)["block_size"]
+    return read_manifest(path)["block_size"]
   except ValueError as e:
-    _fail("data.path", config.data.path, f"a prepared dataset directory ({e})")
+    _fail("data.path", path, f"a prepared dataset directory ({e})")
 
 
 _REGISTRY = {
     "s5_retrieval": _make_s5("s5_retrieval", False),
     "s5_word_problem": _make_s5("s5_word_problem", True),
     # byte-level, from scratch; answers scored by exact match (greedy, exact recurrence)
-    "variable_assignment": Task("variable_assignment", _va_source, _va_eval_batches,
-                                SequenceMetrics, _va_max_len),
+    "variable_assignment": Task("variable_assignment", VariableAssignmentData, _va_source,
+                                _va_eval_batches, SequenceMetrics, _va_max_len),
     # supervised fine-tuning on JSONL (GSM8K-Aug or {prompt, response}), HF tokenizer
-    "sft": Task("sft", _sft_train_source, _sft_eval_batches, SequenceMetrics, _sft_max_len),
+    "sft": Task("sft", SFTData, _sft_train_source, _sft_eval_batches, SequenceMetrics,
+                _sft_max_len),
     # language modelling on a prepared dataset (data.prepare); bits per byte in 3 views
-    "lm": Task("lm", _lm_train_source, _lm_eval_batches, None, _lm_block_size,
+    "lm": Task("lm", LMData, _lm_train_source, _lm_eval_batches, None, _lm_block_size,
                evaluate=_lm_evaluate, train_views=True),
 }
 TASKS = tuple(_REGISTRY)
@@ -271,7 +270,7 @@ def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
 
 
 def _validate_lm(config) -> None:
-  d = config.data
+  d = data_config(config)
   manifest = read_manifest(d.path)
   block, m = manifest["block_size"], config.model
   family = FAMILIES.get(m.arch, "config field model.arch")
@@ -299,33 +298,9 @@ def check_source(config, task: Task) -> None:
 
 
 def validate_data(config, task: Task) -> None:
-  """Data checks that need the task: every training example fits train.seq_len."""
-  d = config.data
-  if task.name.startswith("s5"):
-    if d.group not in s5_group.GROUPS:
-      _fail("data.group", d.group, f"one of {s5_group.GROUPS}")
-    if not 1 <= d.min_actions <= d.max_actions:
-      _fail("data.max_actions", d.max_actions, f">= data.min_actions={d.min_actions} >= 1")
-    eval_lengths(d)
-    if d.curriculum_start is not None:
-      if not 1 <= d.curriculum_start <= d.max_actions:
-        _fail("data.curriculum_start", d.curriculum_start, f"1..data.max_actions={d.max_actions}")
-      for field in ("curriculum_steps", "curriculum_hold_steps"):
-        if d[field] < 0:
-          _fail(f"data.{field}", d[field], "an int >= 0")
-    if d.group_curriculum:
-      try:
-        s5_curricula.parse_group_curriculum(d.group_curriculum, d.group)
-      except ValueError as e:
-        _fail("data.group_curriculum", d.group_curriculum, f"stages 'GROUP:STEP,...' ({e})")
-    if d.value_curriculum:
-      if task.name != "s5_retrieval":
-        _fail("data.value_curriculum", d.value_curriculum,
-              f"'' for data.task={d.task} (its examples have no values)")
-      try:
-        s5_curricula.parse_value_curriculum(d.value_curriculum, d.value_len)
-      except ValueError as e:
-        _fail("data.value_curriculum", d.value_curriculum, f"stages 'V:STEP,...' ({e})")
+  """Data checks that need the task: its fields (its dataclass's own checks), and every
+  training example fits train.seq_len."""
+  d = data_config(config)
   longest = task.max_train_len(config)
   if longest > config.train.seq_len:
     _fail("train.seq_len", config.train.seq_len,

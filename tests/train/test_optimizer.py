@@ -8,15 +8,33 @@ import pytest
 from t2mlr_jax import init_params
 from t2mlr_jax.registry import RECURRENCES
 from t2mlr_jax.train.config import base_config
-from t2mlr_jax.train.optimizer import decay_mask, make_optimizer, make_schedule
+from t2mlr_jax.train.optimizer import (
+  OptimizerConfig,
+  as_optimizer_config,
+  decay_mask,
+  make_optimizer,
+  make_schedule,
+)
 
 from _util import REPO_ROOT, tiny_cfg
 
 
 def _opt(**kw):
-  oc = base_config().optimizer
-  oc.update(**kw)
-  return oc
+  return OptimizerConfig(**kw)
+
+
+def test_make_optimizer_takes_the_typed_config_or_the_group():
+  """The typed OptimizerConfig; an `optimizer` group (a saved one may lack newer fields)
+  is typed first, with the same transform."""
+  group = base_config().optimizer
+  assert as_optimizer_config(group) == OptimizerConfig()
+  old = {k: v for k, v in group.to_dict().items() if k != "recurrence_lr_mult"}
+  assert as_optimizer_config({**old, "retired": 1}) == OptimizerConfig()
+  params = {"w": jnp.ones((2, 3))}
+  grads = {"w": jnp.full((2, 3), 0.5)}
+  updates = [make_optimizer(oc, 10)[0].update(grads, make_optimizer(oc, 10)[0].init(params),
+                                               params)[0]["w"] for oc in (group, _opt())]
+  np.testing.assert_array_equal(updates[0], updates[1])
 
 
 def test_schedule_warmup_then_cosine_to_min():

@@ -1,0 +1,123 @@
+"""The typed `data` group: each task's frozen dataclass (train/data_configs.py) declares its
+fields and checks them; saved configs with the flat data group of earlier runs still build."""
+
+import dataclasses
+import json
+import os
+import sys
+
+import pytest
+from ml_collections import config_dict
+
+from t2mlr_jax.config import migrate_experiment_config
+from t2mlr_jax.data import sft
+from t2mlr_jax.train import tasks
+from t2mlr_jax.train.config import base_config, data_config, resume_conflicts, validate
+from t2mlr_jax.train.data_configs import (
+  DATA_CONFIGS,
+  SFT_FORMATS,
+  LMData,
+  S5RetrievalData,
+  S5WordProblemData,
+  VariableAssignmentData,
+)
+
+from _util import REPO_ROOT
+
+FIXTURE = os.path.join(REPO_ROOT, "tests", "fixtures", "configs_f3434b1.json")
+
+
+def _config(task, **data):
+  c = base_config()
+  c.data.update(task=task, **data)
+  return c
+
+
+def test_each_task_declares_its_data_config_and_the_group_is_their_union():
+  """Task.data is the task's DATA_CONFIGS entry; the base config's `data` group holds every
+  task's fields at their defaults (a field two tasks share has one default)."""
+  assert {name: t.data for name, t in tasks._REGISTRY.items()} == DATA_CONFIGS
+  assert tasks.TASKS == tuple(DATA_CONFIGS)
+  group = base_config().data
+  defaults = {}
+  for cls in DATA_CONFIGS.values():
+    for f in dataclasses.fields(cls):
+      assert f.name in group, (cls.__name__, f.name)
+      if f.name != "task":
+        assert defaults.setdefault(f.name, f.default) == f.default, f.name
+        assert group[f.name] == f.default, f.name
+  assert set(group) == set(defaults) | {"task"}
+  assert group.task == "s5_retrieval" and SFT_FORMATS == sft.FORMATS
+
+
+@pytest.mark.parametrize("task,field,value,allowed", [
+    ("s5_retrieval", "group", "S7", "one of ('S5', 'S4', 'A4', 'S3', 'Z2')"),
+    ("s5_retrieval", "max_actions", 0, ">= data.min_actions=1 >= 1"),
+    ("s5_retrieval", "eval_lengths", "8,x", "comma-separated integers, e.g. '8,16,32'"),
+    ("s5_retrieval", "value_curriculum", "9:10", "stages 'V:STEP,...'"),
+    ("s5_word_problem", "value_curriculum", "1:10",
+     "'' for data.task=s5_word_problem (its examples have no values)"),
+    ("s5_word_problem", "curriculum_start", 99, "1..data.max_actions=32"),
+    ("s5_word_problem", "group_curriculum", "Q8:10", "stages 'GROUP:STEP,...'"),
+    ("variable_assignment", "va_depth", 0, "an integer >= 1"),
+    ("sft", "format", "csv", "one of ('auto', 'gsm8k_aug', 'prompt_response')"),
+    ("sft", "too_long", "truncate", "one of ('error', 'drop')"),
+    ("lm", "eval_blocks", 0, "None (every block) or an integer >= 1"),
+    ("lm", "eval_batch_size", 0, "an integer >= 1"),
+    ("imagenet", "task", "imagenet", "one of ['lm', 's5_retrieval', 's5_word_problem', "
+     "'sft', 'variable_assignment']"),
+])
+def test_a_bad_data_field_is_one_line_naming_it_and_the_allowed_values(task, field, value,
+                                                                        allowed):
+  c = _config(task)
+  c.data[field] = value
+  for build in (data_config, validate):
+    with pytest.raises(ValueError) as e:
+      build(c)
+    text = str(e.value)
+    assert "\n" not in text, text
+    assert text.startswith(f"config field data.{field}={value!r} is invalid: allowed "
+                           f"{allowed}"), text
+
+
+def test_a_task_reads_its_own_fields():
+  """The typed config of each task: its class, its fields from the group, no other task's."""
+  c = _config("lm", path="/data/lm", eval_blocks=8, va_depth=5, group="Z2")
+  d = data_config(c)
+  assert type(d) is LMData and (d.path, d.eval_blocks) == ("/data/lm", 8)
+  assert not hasattr(d, "va_depth") and not hasattr(d, "group")
+  assert type(data_config(_config("s5_word_problem"))) is S5WordProblemData
+  assert data_config(_config("variable_assignment", va_depth=5)) == \
+      VariableAssignmentData(va_depth=5)
+  r = data_config(_config("s5_retrieval", eval_lengths="8, 2,8"))
+  assert isinstance(r, S5RetrievalData) and r.lengths() == [2, 8]
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    r.group = "S3"
+
+
+def test_saved_configs_with_the_flat_data_group_still_build():
+  """The configs saved by earlier runs (tests/fixtures/configs_f3434b1.json: the flat data
+  group of every task's fields) build their task's typed config and pass validate; with
+  newer fields missing they take the defaults, keys that are no field are ignored, and
+  today's configs resume them with no conflicting field."""
+  with open(FIXTURE) as f:
+    saved = json.load(f)
+  sys.path.insert(0, os.path.join(REPO_ROOT, "configs"))
+  try:
+    for key, old in saved.items():
+      read = config_dict.ConfigDict(migrate_experiment_config(old))
+      d = data_config(read)
+      assert type(d) is DATA_CONFIGS[old["data"]["task"]], key
+      assert all(getattr(d, k) == v for k, v in old["data"].items() if hasattr(d, k)), key
+      validate(read)
+      name, variant = key.split(":")
+      assert resume_conflicts(old, __import__(name).get_config(variant).to_dict()) == [], key
+  finally:
+    sys.path.pop(0)
+  s5 = saved["s5_retrieval:"]
+  older = {k: v for k, v in s5["data"].items()
+           if k not in ("value_curriculum", "group_curriculum", "eval_lengths", "va_depth")}
+  read = config_dict.ConfigDict({**s5, "data": {**older, "retired_field": 3}})
+  d = data_config(read)
+  assert (d.value_curriculum, d.group_curriculum, d.eval_lengths) == ("", "", None)
+  assert d.max_actions == s5["data"]["max_actions"]
