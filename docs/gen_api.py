@@ -435,6 +435,18 @@ class Renderer:
     comments["model.arch"] = ("a registered model family: "
                               + ", ".join(registry.FAMILIES.names()))
     comments["model.init_from"] = "HF directory or export to start from"
+    # the train, optimizer and data groups are built from typed dataclasses too (data: the
+    # union of every task's, train/data_configs.py): their fields' order and comments
+    typed = {"train": [config_lib.TrainConfig], "optimizer": [config_lib.OptimizerConfig],
+             "data": list(config_lib.DATA_CONFIGS.values())}
+    for group, classes in typed.items():
+      order[group] = []
+      for cls in classes:
+        order[group] += [f.name for f in dataclasses.fields(cls) if f.name not in order[group]]
+        for k, v in field_comments(cls).items():
+          comments.setdefault(f"{group}.{k}", v)
+      if group not in order["."]:
+        order["."].append(group)
     rec_cls = registry.default_recurrence().config
     order["model.recurrence"] = ["type"] + [f.name for f in dataclasses.fields(rec_cls)]
     comments.update({f"model.recurrence.{k}": v for k, v in field_comments(rec_cls).items()})
