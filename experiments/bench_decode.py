@@ -160,7 +160,7 @@ def ttft(models, params, base, base_params, args, floor_ms) -> dict:
     ms = {k: bc.median(v) * 1e3 for k, v in times.items()}
     row = {"base_ms": round(ms["base"], 2)}
     for name, cfg in models.items():
-      lo, hi = cfg.recurrent_block
+      lo, hi = cfg.span
       block_floor = floor_ms * (hi - lo + 1) / cfg.n_layers * P
       row.update({f"{name}_cf1_ms": round(ms[f"{name}_cf1"], 2),
                   f"{name}_cf1_ratio": round(ms[f"{name}_cf1"] / ms["base"], 3),

@@ -189,11 +189,11 @@ def recurrence_from_dict(d: dict) -> RecurrenceConfig:
   before LRT existed carry no tag). An option of another type is named as such, a
   schedule's option as moved to `schedule_options`."""
   d = dict(d)
-  kind = d.pop("type", None) or default_recurrence().name
+  type_name = d.pop("type", None) or default_recurrence().name
   classes = recurrence_config_classes()
-  if kind not in classes:
-    invalid("recurrence.type", kind, f"one of {sorted(classes)}")
-  cls = classes[kind]
+  if type_name not in classes:
+    invalid("recurrence.type", type_name, f"one of {sorted(classes)}")
+  cls = classes[type_name]
   names = {f.name for f in dataclasses.fields(cls)}
   for key in d:
     if key not in names and key in schedule_option_defaults():
@@ -202,9 +202,9 @@ def recurrence_from_dict(d: dict) -> RecurrenceConfig:
                        f"config, model.schedule_options.{key})")
     if key not in names:
       owner = [t for t, c in classes.items()
-               if t != kind and key in {f.name for f in dataclasses.fields(c)}]
+               if t != type_name and key in {f.name for f in dataclasses.fields(c)}]
       what = f"a {owner[0]} option" if owner else "not an option of any recurrence type"
-      raise ValueError(f"recurrence.{key} is {what}, not one of {kind}'s: allowed fields of "
+      raise ValueError(f"recurrence.{key} is {what}, not one of {type_name}'s: allowed fields of "
                        f"{cls.__name__} are {sorted(names)}")
   return cls(**d)
 
@@ -402,7 +402,7 @@ class ModelConfig(_Replaceable):
       if not isinstance(self.recurrence, tuple(classes.values())):
         invalid("recurrence", self.recurrence, "None or the config of a registered "
                 f"recurrence type: {', '.join(c.__name__ for c in classes.values())}")
-      _ = self.recurrent_block  # validates the type's layers against the model
+      _ = self.span  # validates the type's layers against the model
 
   def _check_windows(self):
     if self.window_pattern is None:
@@ -455,20 +455,25 @@ class ModelConfig(_Replaceable):
     return d
 
   @property
-  def recurrent_block(self) -> tuple[int, int]:
+  def span(self) -> tuple[int, int]:
     """(first, last) layer of the recurrent span, resolved to non-negative indices, both
     inclusive: the layers that exact mode runs token by token (the type's `span`: T2MLR
     l_start..l_end, LRT 0..source layer)."""
     if self.recurrence is None:
-      raise ValueError("recurrence is None: this model has no recurrent block")
+      raise ValueError("recurrence is None: this model has no recurrent span")
     return self.recurrence.span(self)
+
+  @property
+  def recurrent_block(self) -> tuple[int, int]:
+    """Deprecated: `span` (the name before the glossary, docs/design.md#glossary)."""
+    return self.span
 
   @property
   def segments(self) -> tuple[tuple[str, int, int], ...]:
     """The layer stack as (name, lo, hi) half-open ranges: below / inside / above."""
     if self.recurrence is None:
       return (("all", 0, self.n_layers),)
-    start, end = self.recurrent_block
+    start, end = self.span
     parts = (("lower", 0, start), ("middle", start, end + 1), ("upper", end + 1, self.n_layers))
     return tuple(p for p in parts if p[2] > p[1])
 
@@ -480,9 +485,9 @@ class ModelConfig(_Replaceable):
       invalid("preset", name, f"one of {sorted(PRESETS)}")
     fields = {**PRESETS[name], **overrides}
     rec = fields.get("recurrence")
-    kind = (recurrence_config_classes().get(rec.get("type") or default_recurrence().name)
-            if isinstance(rec, dict) else type(rec))
-    if getattr(kind, "replaces_value_embeds", False) and "value_embeds" not in overrides:
+    rec_class = (recurrence_config_classes().get(rec.get("type") or default_recurrence().name)
+                 if isinstance(rec, dict) else type(rec))
+    if getattr(rec_class, "replaces_value_embeds", False) and "value_embeds" not in overrides:
       fields["value_embeds"] = None    # as the release: LRT's own value embeddings replace them
     return cls(**fields)
 

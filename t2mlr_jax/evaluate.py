@@ -11,7 +11,7 @@ A downstream benchmark, from a training workdir or a Hugging Face directory:
     python -m t2mlr_jax.evaluate --task=arc_easy --data=ARC-Easy-Test.jsonl --model=DIR
 
 Bits per byte on a prepared dataset's held-out blocks (t2mlr_jax.data.prepare), in the
-views parallel (recurrence off), the training view (Jacobi / interleaved) and exact:
+modes parallel (recurrence off), the training mode (Jacobi / interleaved) and exact:
 
     python -m t2mlr_jax.evaluate --task=bpb --data=DATA_DIR --model=DIR [--split=validation]
         [--blocks=256] [--mode=exact] [--batch_size=8] [--output=FILE.json]
@@ -46,10 +46,10 @@ _TOKENIZER = flags.DEFINE_string("tokenizer", None, "directory with tokenizer.js
 _OUTPUT = flags.DEFINE_string("output", None, "output file (--workdir) or directory (--task)")
 _MODE = flags.DEFINE_string("mode", None,
                             "forward mode (default exact for --workdir; for --task=bpb every "
-                            "view): parallel, exact or a training schedule (jacobi, "
+                            "evaluation mode): parallel, exact or a training schedule (jacobi, "
                             "interleaved, chunked, multi_refine, or one a --user_module "
                             "registers). exact is the true recurrence; a training mode gives "
-                            "its training view")
+                            "its training schedule's forward")
 _CHAT = flags.DEFINE_bool("chat", False, "wrap prompts in the tokenizer's chat template")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "generation length limit")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "prompts (or scoring requests) per batch")

@@ -162,7 +162,7 @@ def train_flops_spent(cfg: ModelConfig, batch: int, seq_len: int, mode: str,
 
 def exact_bptt_bytes(cfg: ModelConfig, batch: int, seq_len: int) -> float:
   """Bytes backpropagation through the exact mode keeps for its token-by-token loop: every
-  step's key/value caches of the recurrent block (and their cotangents), quadratic in
+  step's key/value caches of the recurrent span (and their cotangents), quadratic in
   the sequence length. Matches XLA's compiled temporary memory to ~5% once this term
   dominates (T·B >= 512 at d_model 64); the rest of the step is not counted."""
   n_block = (sum(hi - lo for name, lo, hi in cfg.segments if name == "middle")

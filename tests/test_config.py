@@ -12,7 +12,7 @@ from _util import random_tokens, tiny_cfg
 def test_presets_and_replace():
   cfg = ModelConfig.preset("smollm2-135m", recurrence=T2MLRConfig(l_start=13, l_end=18))
   assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (30, 576, 9, 3, 64)
-  assert cfg.recurrent_block == (13, 18)
+  assert cfg.span == (13, 18)
   assert [s[1:] for s in cfg.segments] == [(0, 13), (13, 19), (19, 30)]
   assert 134e6 < cfg.replace(recurrence=None).num_params() < 135e6
   s5 = ModelConfig.preset("s5")
@@ -26,7 +26,7 @@ def test_presets_and_replace():
 
 def test_negative_indices_and_segments():
   cfg = tiny_cfg(l_start=-3, l_end=-1, n_layers=4)
-  assert cfg.recurrent_block == (1, 3)
+  assert cfg.span == (1, 3)
   assert [s[0] for s in cfg.segments] == ["lower", "middle"]
   assert tiny_cfg(l_start=0, l_end=3).segments == (("middle", 0, 4),)
 

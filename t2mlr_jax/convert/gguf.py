@@ -73,9 +73,9 @@ def read_metadata(reader) -> dict[str, Any]:
 
 
 def _rope_scaling(meta: dict, arch: str) -> None:
-  kind = meta.get(f"{arch}.rope.scaling.type", "none")
-  if kind not in ("none", None):
-    raise ValueError(f"rope scaling type {kind!r} in the GGUF metadata is not supported: "
+  scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+  if scaling not in ("none", None):
+    raise ValueError(f"rope scaling type {scaling!r} in the GGUF metadata is not supported: "
                      "allowed none (refusing to load with wrong positions)")
   return None
 
@@ -154,12 +154,12 @@ def state_dict_from_gguf(reader, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 def tokenizer_from_gguf(meta: dict, path: str = ""):
   """The file's tokenizer as an `HFTokenizer` (byte-level BPE only)."""
-  kind = meta.get("tokenizer.ggml.model")
-  if kind is None or "tokenizer.ggml.tokens" not in meta:
+  model = meta.get("tokenizer.ggml.model")
+  if model is None or "tokenizer.ggml.tokens" not in meta:
     raise ValueError(f"{path!r} has no tokenizer in its metadata (tokenizer.ggml.*): pass a "
                      "tokenizer directory instead")
-  if kind != "gpt2":
-    raise ValueError(f"GGUF tokenizer model {kind!r} is not supported: allowed 'gpt2' "
+  if model != "gpt2":
+    raise ValueError(f"GGUF tokenizer model {model!r} is not supported: allowed 'gpt2' "
                      "(byte-level BPE)")
   pre = meta.get("tokenizer.ggml.pre", "default")
   if pre not in PRE_TOKENIZERS:
@@ -177,7 +177,7 @@ def tokenizer_from_gguf(meta: dict, path: str = ""):
   tok.decoder = decoders.ByteLevel()
   types = meta.get("tokenizer.ggml.token_type") or []
   tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                          for t, kind_ in zip(tokens, types) if kind_ == CONTROL])
+                          for t, token_type in zip(tokens, types) if token_type == CONTROL])
   name = lambda key: (tokens[int(meta[key])] if key in meta and int(meta[key]) < len(tokens)
                       else None)
   config = {"bos_token": name("tokenizer.ggml.bos_token_id"),

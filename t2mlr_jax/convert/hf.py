@@ -41,11 +41,11 @@ def _rope_from_hf(hf: Mapping[str, Any]):
     theta = 10000.0
   if scaling is None:
     return float(theta), None
-  kind = scaling.get("rope_type", scaling.get("type"))
-  if kind == "default":
+  rope_type = scaling.get("rope_type", scaling.get("type"))
+  if rope_type == "default":
     return float(theta), None
-  if kind != "llama3":
-    raise ValueError(f"rope_scaling type {kind!r} is not supported: allowed 'default' "
+  if rope_type != "llama3":
+    raise ValueError(f"rope_scaling type {rope_type!r} is not supported: allowed 'default' "
                      "or 'llama3' (refusing to load with wrong positions)")
   return float(theta), RopeScaling(
       rope_type="llama3", factor=float(scaling["factor"]),
@@ -69,12 +69,12 @@ def config_from_hf(hf: Mapping[str, Any], **overrides) -> ModelConfig:
   if arch == "Qwen2ForCausalLM" and hf.get("use_sliding_window", False):
     raise ValueError("use_sliding_window=True is not supported: allowed False")
   theta, scaling = _rope_from_hf(hf)
-  H = hf["hidden_size"]
+  D = hf["hidden_size"]
   n_heads = hf["num_attention_heads"]
   fields = dict(
-      vocab_size=hf["vocab_size"], d_model=H, n_layers=hf["num_hidden_layers"],
+      vocab_size=hf["vocab_size"], d_model=D, n_layers=hf["num_hidden_layers"],
       n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-      d_ff=hf["intermediate_size"], head_dim=hf.get("head_dim") or H // n_heads,
+      d_ff=hf["intermediate_size"], head_dim=hf.get("head_dim") or D // n_heads,
       max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=theta,
       rope_scaling=scaling, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),

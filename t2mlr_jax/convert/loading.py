@@ -25,9 +25,9 @@ from t2mlr_jax.data import lm
 from t2mlr_jax.data.byte_tokenizer import ByteTokenizer
 from t2mlr_jax.data.tokenizer import load_tokenizer
 
-MODEL_KINDS = ("allowed a GGUF file (*.gguf), a Hugging Face directory (config.json and "
-               "*.safetensors), a parameter export (python -m t2mlr_jax.convert) or a "
-               "training workdir (with checkpoints/)")
+MODEL_SOURCES = ("allowed a GGUF file (*.gguf), a Hugging Face directory (config.json and "
+                 "*.safetensors), a parameter export (python -m t2mlr_jax.convert) or a "
+                 "training workdir (with checkpoints/)")
 
 
 class FoundTokenizer(NamedTuple):
@@ -37,14 +37,14 @@ class FoundTokenizer(NamedTuple):
   documents_start_with_bos: bool   # an lm workdir: packing put BOS before every document
 
 
-def _kind(path: str, field: str = "path") -> str:
-  """'gguf', 'hf', 'export' or 'workdir' (ValueError naming the allowed kinds)."""
+def _source_format(path: str, field: str = "path") -> str:
+  """'gguf', 'hf', 'export' or 'workdir' (ValueError naming the allowed sources)."""
   if path.endswith(".gguf"):
     if not os.path.isfile(path):
-      raise ValueError(f"{field}={path!r} does not exist: {MODEL_KINDS}")
+      raise ValueError(f"{field}={path!r} does not exist: {MODEL_SOURCES}")
     return "gguf"
   if not os.path.exists(path):
-    raise ValueError(f"{field}={path!r} does not exist: {MODEL_KINDS}")
+    raise ValueError(f"{field}={path!r} does not exist: {MODEL_SOURCES}")
   if checkpoint.is_export(path):
     return "export"
   if os.path.isdir(os.path.join(path, "checkpoints")):
@@ -52,7 +52,7 @@ def _kind(path: str, field: str = "path") -> str:
   if os.path.isfile(os.path.join(path, "config.json")):
     return "hf"
   what = "a file" if os.path.isfile(path) else "a directory with no checkpoints/"
-  raise ValueError(f"{field}={path!r} is {what}, not a model: {MODEL_KINDS}")
+  raise ValueError(f"{field}={path!r} is {what}, not a model: {MODEL_SOURCES}")
 
 
 def _has_tokenizer_json(directory) -> bool:
@@ -63,13 +63,13 @@ def find_tokenizer(path: str, step: Optional[int] = None, *,
                    field: str = "path") -> FoundTokenizer:
   """The tokenizer a model at `path` came with (see the module docstring for the order).
   ValueError listing the places looked at when there is none."""
-  kind = _kind(path, field)
-  if kind == "gguf":
+  fmt = _source_format(path, field)
+  if fmt == "gguf":
     return FoundTokenizer(tokenizer_from_gguf(read_metadata(_open(path)), path), path, False)
   looked = [os.path.join(path, "tokenizer.json")]
   if _has_tokenizer_json(path):
     return FoundTokenizer(load_tokenizer(path), path, False)
-  if kind == "workdir":
+  if fmt == "workdir":
     config = checkpoint.load_config(path, step)
     data = config.get("data", {})
     if data.get("task") == "lm" and data.get("path"):
@@ -99,14 +99,14 @@ def find_tokenizer(path: str, step: Optional[int] = None, *,
 def load_model(path: str, step: Optional[int] = None, *, dtype: str = "float32",
                field: str = "path"):
   """(cfg, params) of any source (GGUF parameters dequantized to `dtype`)."""
-  kind = _kind(path, field)
-  if step is not None and kind != "workdir":
-    raise ValueError(f"step={step} is invalid for {path!r} ({kind}): allowed only with a "
+  fmt = _source_format(path, field)
+  if step is not None and fmt != "workdir":
+    raise ValueError(f"step={step} is invalid for {path!r} ({fmt}): allowed only with a "
                      "training workdir (its saved steps)")
-  if kind == "gguf":
+  if fmt == "gguf":
     cfg, params, _ = from_gguf(path, dtype=dtype)
     return cfg, params
-  if kind == "hf":
+  if fmt == "hf":
     return hf.from_hf(path)
   return checkpoint.load(path, step)
 
@@ -124,7 +124,7 @@ def load_model_and_tokenizer(path: str, step: Optional[int] = None,
       raise ValueError(f"{flag}={tokenizer!r} is invalid: allowed a directory with "
                        "tokenizer.json")
     override = FoundTokenizer(load_tokenizer(tokenizer), tokenizer, False)
-  if _kind(path, field) == "gguf":
+  if _source_format(path, field) == "gguf":
     if step is not None:
       raise ValueError(f"step={step} is invalid for the GGUF file {path!r}: allowed only "
                        "with a training workdir")

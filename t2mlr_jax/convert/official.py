@@ -57,7 +57,7 @@ def from_official(state_dict: Union[str, Mapping[str, Any]], hf_config: Mapping[
   model_over = {k: v for k, v in overrides.items() if k not in hf._T2MLR_FIELDS}
   rcfg = T2MLRConfig(l_start=l_start, l_end=l_end, **rec_over)
   cfg = hf.config_from_hf(hf_config, recurrence=rcfg, **model_over)
-  start, _ = cfg.recurrent_block
+  start, _ = cfg.span
   base = PREFIX + "model."
 
   def layer_key(i):

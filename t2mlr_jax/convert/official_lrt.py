@@ -69,7 +69,7 @@ def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrid
   if padded_vocab < V:
     raise ValueError(f"transformer.wte.weight has {padded_vocab} rows < vocab_size={V}")
   pad = 64 if -(-V // 64) * 64 == padded_vocab else padded_vocab
-  D, H = int(get("n_embd", 768)), int(get("n_head", 6))
+  D, N = int(get("n_embd", 768)), int(get("n_head", 6))
   C = int(get("ve_gate_channels", 32))
   rec_over = {k: v for k, v in overrides.items() if k in LRTConfig.__dataclass_fields__}
   sched_over = {k: v for k, v in overrides.items()
@@ -88,7 +88,7 @@ def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrid
   model_over.setdefault("rope_table_dtype", "bfloat16")
   return ModelConfig(
       vocab_size=V, pad_vocab_to=pad, d_model=D, n_layers=int(get("n_layer", 12)),
-      n_heads=H, n_kv_heads=int(get("n_kv_head", H)), d_ff=4 * D,
+      n_heads=N, n_kv_heads=int(get("n_kv_head", N)), d_ff=4 * D,
       max_seq_len=int(get("sequence_len", 2048)), rope_theta=10000.0,
       rms_norm_eps=FLOAT32_EPS, norm_scale=False, embed_norm=True, qk_norm=True,
       mlp_type="relu2", logit_softcap=15.0, resid_lambdas=bool(get("use_resid_lambdas", True)),

@@ -9,7 +9,7 @@ exactly once; the last block is padded. A block is stored as int32 [2, T+1]: the
 (-1 for padding) and a 0/1 row marking document starts.
 
 A decoded block (`decode_block`) carries per-document positions (0 at each document
-start and at the block start), which also reset the recurrent memory there (T2MLR and
+start and at the block start), which also reset the recurrent state there (T2MLR and
 LRT read zero where the position id is 0), and, with mask_documents, segment ids that
 keep attention inside a document. A target that is a document's first token (the next
 document's BOS) is not predicted.
@@ -40,7 +40,7 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")    # a trained BPE's ids 0, 1, 2
 
 class LMTokenizer(NamedTuple):
   """What packing and bits per byte need from a tokenizer."""
-  kind: str                      # "byte" or "tokenizer.json"
+  format: str                    # "byte" or "tokenizer.json" (the manifest's tokenizer.kind)
   encode_batch: object           # list[str] -> list[list[int]] (no special tokens)
   bos_id: Optional[int]
   eos_id: int
@@ -161,15 +161,15 @@ def decode_block(block: np.ndarray, *, pad_id: int = 0,
   targets[(targets < 0) | (starts[1:] == 1) | ~real] = IGNORE
   opens = starts[:-1].copy()
   opens[0] = 1
-  segment = np.cumsum(opens) - 1
+  document = np.cumsum(opens) - 1
   first = np.flatnonzero(opens)
-  positions = np.arange(len(inputs)) - first[segment]
+  positions = np.arange(len(inputs)) - first[document]
   out = {"input_ids": np.where(real, inputs, pad_id).astype(np.int32),
          "target_ids": targets.astype(np.int32),
          "control_flow": np.where(real, 2, 0).astype(np.int32),
          "positions": np.where(real, positions, 0).astype(np.int32)}
   if mask_documents:
-    out["segment_ids"] = np.where(real, segment, -1).astype(np.int32)
+    out["segment_ids"] = np.where(real, document, -1).astype(np.int32)
   return out
 
 

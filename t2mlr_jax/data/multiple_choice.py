@@ -89,15 +89,14 @@ def scoring_requests(example: MCExample) -> list[tuple[str, str]]:
 _records = jsonl_records     # (line number, record) per non-blank line
 
 
-def _field(rec: dict[str, Any], name: str, kind: type | tuple[type, ...],
+def _field(rec: dict[str, Any], name: str, types: type | tuple[type, ...],
            where: str) -> Any:
-  """rec[name], checked to be of `kind`; ValueError naming the field otherwise."""
+  """rec[name], checked to be of `types`; ValueError naming the field otherwise."""
   if name not in rec:
     raise ValueError(f"{where}: missing field {name!r}")
   value = rec[name]
-  if not isinstance(value, kind):
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = " or ".join(k.__name__ for k in kinds)
+  if not isinstance(value, types):
+    names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
     raise ValueError(
       f"{where}: field {name!r} must be {names}, got {type(value).__name__}")
   return value

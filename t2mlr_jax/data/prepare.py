@@ -126,7 +126,7 @@ def prepare(train: str, out: str, *, validation: Optional[str] = None,
     manifest = {
         "format": lm.FORMAT, "block_size": block_size, "text_field": text_field,
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "tokenizer": {"kind": "bpe_trained" if train_tokenizer else tok.kind,
+        "tokenizer": {"kind": "bpe_trained" if train_tokenizer else tok.format,
                       "source": None if train_tokenizer else tokenizer,
                       "sha256": tok.sha256, "vocab_size": tok.vocab_size,
                       "bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id},

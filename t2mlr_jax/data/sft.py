@@ -7,8 +7,8 @@ and its EOS recurrent (cf 2), and only the response (with EOS) is supervised
 with response = steps joined by newlines + "\\n### " + answer, prompt = question +
 "\\n\\n", or the tokenizer's chat template with the question as the user turn.
 
-Packing puts several examples in one row: per-segment position ids restart at
-0 (which also resets the recurrent cache) and attention stays inside a segment.
+Packing puts several examples (documents) in one row: per-document position ids restart
+at 0 (which also resets the recurrent state) and attention stays inside a document.
 """
 
 from __future__ import annotations
@@ -151,11 +151,11 @@ def tokenize_record(record: dict, tokenizer, *, fmt: str = "auto", chat: bool = 
 
 def pack(examples: Sequence[dict], seq_len: int, *,
          too_long: str = "error") -> list[dict[str, np.ndarray]]:
-  """First-fit packing into rows of seq_len with segment_ids and per-segment positions.
+  """First-fit packing into rows of seq_len with segment_ids and per-document positions.
 
   too_long: "error" (default: nothing is silently truncated) or "drop" (skip
   examples longer than seq_len). Unused slots are padding (cf 0, target -100,
-  segment -1).
+  segment_ids -1).
   """
   if too_long not in ("error", "drop"):
     raise ValueError(f"too_long={too_long!r} is invalid: allowed 'error' or 'drop'")

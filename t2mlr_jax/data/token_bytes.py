@@ -38,10 +38,10 @@ def hf_token_lengths(tokenizer) -> np.ndarray:
   (added, special=True) tokens. `tokenizer`: a `t2mlr_jax.data.tokenizer.HFTokenizer`."""
   tok = tokenizer.tokenizer
   spec = json.loads(tok.to_str())
-  kinds = {(spec.get("pre_tokenizer") or {}).get("type"), (spec.get("decoder") or {}).get("type")}
+  types = {(spec.get("pre_tokenizer") or {}).get("type"), (spec.get("decoder") or {}).get("type")}
   pre = spec.get("pre_tokenizer") or {}
-  kinds |= {p.get("type") for p in pre.get("pretokenizers", [])}
-  if "ByteLevel" not in kinds:
+  types |= {p.get("type") for p in pre.get("pretokenizers", [])}
+  if "ByteLevel" not in types:
     raise ValueError(f"tokenizer {getattr(tokenizer, 'path', '')!r} is not byte-level BPE "
                      "(no ByteLevel pre-tokenizer or decoder): allowed byte-level tokenizers, "
                      "or pass token byte lengths to bpb_sums yourself")

@@ -32,7 +32,8 @@ def _trained_tokenizer_hash(model: str):
 
 def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
                       blocks=None, modes=None, batch_size: int = 8) -> dict:
-  """Bits per byte of a model on a prepared dataset's split, in each view."""
+  """Bits per byte of a model on a prepared dataset's split, in each mode (`eval_modes`;
+  the result's key is "views", as the results files have it)."""
   manifest = lm.read_manifest(data)
   cfg, params = loading.load_model(model, field="--model")
   block, vocab = manifest["block_size"], manifest["tokenizer"]["vocab_size"]
@@ -48,9 +49,9 @@ def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
   examples = lm.spread(lm.BlockSource(data, split), blocks)
   batches = stack_batches(examples, block, batch_size)
   token_bytes = lm.token_bytes(data)
-  views = {m: evaluate_bpb(params, cfg, batches, token_bytes, mode=m)
-           for m in (modes or runner.views(cfg))}
-  return {"data": data, "split": split, "blocks": len(examples), "views": views}
+  by_mode = {m: evaluate_bpb(params, cfg, batches, token_bytes, mode=m)
+             for m in (modes or runner.eval_modes(cfg))}
+  return {"data": data, "split": split, "blocks": len(examples), "views": by_mode}
 
 
 def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, chat=False,

@@ -376,11 +376,11 @@ class T2MLRLM(TemplateLM):
 
 def _check_mode_and_length(cfg, mode: str, max_length) -> int:
   """Refuse a mode this model has not; max_length checked (default: max_seq_len)."""
-  kind = cfg.recurrence.type if cfg.recurrence is not None else "plain"
+  type_name = cfg.recurrence.type if cfg.recurrence is not None else "plain"
   modes = (("exact", "parallel") + tuple(m for m in mode_names() if m not in BUILTIN_MODES)
            if cfg.recurrence is not None else ("exact", "parallel"))
   if mode not in modes:
-    raise ValueError(f"mode={mode!r} is invalid for this {kind} model: allowed "
+    raise ValueError(f"mode={mode!r} is invalid for this {type_name} model: allowed "
                      f"{', '.join(modes)}")
   if max_length is None:
     max_length = cfg.max_seq_len

@@ -64,14 +64,16 @@ def evaluate(params, cfg: AnyModelConfig, batches, metrics_factory, mode: str = 
   return {"loss": nll_sum / max(count, 1), **acc.result()}
 
 
-def views(cfg, train_mode: Optional[str] = "auto") -> tuple[str, ...]:
-  """The views a model is evaluated in, exact (the true recurrence) last: parallel (zero
-  memory), the training view `train_mode` ("auto": the type's own schedule; none when it
+def eval_modes(cfg, train_mode: Optional[str] = "auto") -> tuple[str, ...]:
+  """The modes a model is evaluated in, exact (the true recurrence) last: parallel (zero
+  memory), the training mode `train_mode` ("auto": the type's own schedule; none when it
   is None, exact or parallel) and exact for a recurrent model; parallel alone for a model
-  without one, where every view computes the same."""
+  without one, where every mode computes the same."""
   rec = getattr(cfg, "recurrence", None)
   if rec is None:
     return ("parallel",)
   train_mode = rec.default_schedule if train_mode == "auto" else train_mode
   extra = (train_mode,) if train_mode not in (None, "exact", "parallel") else ()
   return ("parallel", *extra, "exact")
+
+

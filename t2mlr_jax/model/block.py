@@ -34,8 +34,8 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None,
-               side: Optional[LayerSide] = None, window=None, ve=None, segments=None,
-               kv_kind: Optional[str] = None):
+               side: Optional[LayerSide] = None, window=None, ve=None,
+               kernel_inputs=None, kv_source: Optional[str] = None):
     cfg = self.cfg
     dt = compute_dtype(cfg)
     x = x_BTD
@@ -55,8 +55,8 @@ class Block(nn.Module):
       mix = memory.mixer(h, side, ve)
     elif ve is not None:
       mix = value_embed_mixer(cfg, h, *ve)
-    a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index, mix, segments,
-                                            window, kv_kind)
+    a, kv_out = Attention(cfg, name="attn")(h, rope, mask_BTS, kv, index, mix, kernel_inputs,
+                                            window, kv_source)
     x = x + a
     h = norm(cfg, "mlp_norm")(x)
     return x + MLP(cfg, name="mlp")(h), kv_out

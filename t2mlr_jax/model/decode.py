@@ -1,8 +1,8 @@
 """Decoding: exact prefill, then one token per step with a preallocated KV cache.
 
-The decode state is a pytree: per-layer KV caches, the one H-vector of
-recurrent state per sequence (T2MLR's cache R, LRT's memory m: what the
-recurrence type carries, `recurrence/__init__.py`), which cache slots hold real
+The decode state is a pytree: per-layer KV caches, the one D-vector of
+recurrent state per sequence (what the recurrence type carries: T2MLR's R_t, LRT's
+fed-back output, `recurrence/__init__.py`), which cache slots hold real
 tokens, the next slot and each row's next position id. Prompts are left-padded (real tokens
 right-aligned, as Hugging Face does with padding_side="left"), so every row
 writes the same cache slot at every step. Generation runs under one jit as a
@@ -36,7 +36,7 @@ from t2mlr_jax.model.transformer import (
 from t2mlr_jax.registry import SCHEDULES
 
 
-def prefill_methods() -> tuple[str, ...]:
+def prefill_modes() -> tuple[str, ...]:
   """How a prompt can be prefilled: "exact", and each schedule that declares a parallel
   `prefill` (jacobi: sweeps to the fixed point)."""
   return ("exact", *(s.name for s in SCHEDULES.values() if s.prefill is not None))
@@ -44,76 +44,77 @@ def prefill_methods() -> tuple[str, ...]:
 
 class DecodeState(NamedTuple):
   kv: tuple           # per layer: KV, each [B·N_kv, S, K] (layers.to_cache)
-  R: jnp.ndarray      # [B, D] fp32 recurrent state (zeros without recurrence)
+  state: jnp.ndarray  # [B, D] fp32 recurrent state (zeros without recurrence)
   valid: jnp.ndarray  # [B, S] bool: slot holds a real (non-padding) token
   index: jnp.ndarray  # int32 scalar: the next slot to write
   positions: jnp.ndarray  # [B] int32: the next token's position id
 
 
 def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
-            recurrent_prompt: bool = True, method: str = "exact", tol=None,
+            recurrent_prompt: bool = True, mode: str = "exact", tol=None,
             last_only: bool = True):
   """Run the prompt; returns (last-position logits [B,V], DecodeState); with
   last_only=False every position's logits [B,T,V] (a prompt's own log-probabilities).
 
-  method "exact": token by token through the recurrent block (the default);
-  "jacobi" (any recurrence type): parallel Jacobi sweeps until max|ΔR| < tol, capped at T sweeps
-  (exact by construction when tol is None). With a non-recurrent prompt (all cf <= 1,
+  mode "exact": token by token through the recurrent span (the default);
+  "jacobi" (any recurrence type): parallel Jacobi sweeps until max|Δstate| < tol, capped
+  at T sweeps (exact by construction when tol is None). With a non-recurrent prompt (all cf <= 1,
   known statically) both are the parallel pass plus the state the last position leaves.
   """
   B, T = tokens_BT.shape
   if cfg.recurrence is not None and recurrent_prompt:
-    run = exact if method == "exact" else functools.partial(SCHEDULES.get(method).prefill,
-                                                            tol=tol)
+    run = exact if mode == "exact" else functools.partial(SCHEDULES.get(mode).prefill,
+                                                          tol=tol)
   else:
     run = parallel
-  logits, _, kvs, R = run(params, cfg, tokens_BT, inp, last_only=last_only)
-  if R is None:
-    R = recurrence.zero_state(cfg, B)
+  logits, _, kvs, state_BD = run(params, cfg, tokens_BT, inp, last_only=last_only)
+  if state_BD is None:
+    state_BD = recurrence.zero_state(cfg, B)
   per_layer = tuple(to_cache(KV(kvs[name].k[i], kvs[name].v[i]), cache_len)
                     for name, lo, hi in cfg.segments for i in range(hi - lo))
   valid = jnp.pad(inp.control_flow != CF_PAD, ((0, 0), (0, cache_len - T)))
-  state = DecodeState(per_layer, R, valid, jnp.asarray(T, jnp.int32), inp.positions[:, -1] + 1)
-  return (logits[:, -1] if last_only else logits), state
+  dec = DecodeState(per_layer, state_BD, valid, jnp.asarray(T, jnp.int32),
+                    inp.positions[:, -1] + 1)
+  return (logits[:, -1] if last_only else logits), dec
 
 
-def decode_step(params, cfg: ModelConfig, state: DecodeState, token_B, layers=None,
+def decode_step(params, cfg: ModelConfig, dec: DecodeState, token_B, layers=None,
                 control_flow_B=None):
   """Feed one token per row, recurrent (cf 2) unless `control_flow_B` [B] says otherwise
-  (1: the row's recurrence off); returns (logits [B,V], new state).
+  (1: the row's recurrence off); returns (logits [B,V], the new DecodeState).
 
   `layers`: the per-layer weights (`split_layers(params["layers"])`), split once per
   generate.
   """
   layers = split_layers(params["layers"]) if layers is None else layers
   B = token_B.shape[0]
-  idx = state.index
-  valid = jax.lax.dynamic_update_slice_in_dim(state.valid, jnp.ones((B, 1), bool), idx, axis=1)
+  idx = dec.index
+  valid = jax.lax.dynamic_update_slice_in_dim(dec.valid, jnp.ones((B, 1), bool), idx, axis=1)
   mask = attention_mask(jnp.full((B, 1), idx), valid)
-  pos = state.positions[:, None]
+  pos = dec.positions[:, None]
   rope = rope_tables(cfg, pos)
   cf = (jnp.full((B, 1), CF_RECURRENT, jnp.int32) if control_flow_B is None
         else control_flow_B.astype(jnp.int32)[:, None])
   tok = token_B[:, None]
-  x, R, kv = embed(params, cfg, tok), state.R, []
+  x, state_BD, kv = embed(params, cfg, tok), dec.state, []
   x0, mem = x, None
-  dist = (idx - jnp.arange(state.valid.shape[1]))[None, None]
+  dist = (idx - jnp.arange(dec.valid.shape[1]))[None, None]
   for name, lo, hi in cfg.segments:
     side = side_inputs(params, cfg, x0, tok, dist, mem)
     ctx = LayerCtx(rope, mask, side, value_embed_inputs(params, cfg, tok))
     if name == "middle":         # the span reads the state the previous token left
-      kind = recurrence.of(cfg)
-      R_read = kind.read(cfg, R[:, None], pos, jnp.broadcast_to(idx, pos.shape))
-      out = run_span(params, cfg, (lo, layers[lo:hi]), x, R_read, ctx, cf,
-                     kvs=state.kv[lo:hi], index=idx, kv_kind="cache")
-      x, caches, R = out.o, out.kv, out.state[:, 0]
+      rtype = recurrence.of(cfg)
+      prev_B1D = rtype.read(cfg, state_BD[:, None], pos, jnp.broadcast_to(idx, pos.shape))
+      out = run_span(params, cfg, (lo, layers[lo:hi]), x, prev_B1D, ctx, cf,
+                     kvs=dec.kv[lo:hi], index=idx, kv_source="cache")
+      x, caches, state_BD = out.o, out.kv, out.state[:, 0]
       mem = None if out.ctx.side is None else out.ctx.side.memory   # the layers above read it
     else:
-      x, caches = run_layers(layers[lo:hi], cfg, x, ctx, lo, state.kv[lo:hi], idx,
-                             kv_kind="cache")
+      x, caches = run_layers(layers[lo:hi], cfg, x, ctx, lo, dec.kv[lo:hi], idx,
+                             kv_source="cache")
     kv.extend(caches)
   logits = head(params, cfg, x)[:, 0]
-  return logits, DecodeState(tuple(kv), R, valid, idx + 1, state.positions + 1)
+  return logits, DecodeState(tuple(kv), state_BD, valid, idx + 1, dec.positions + 1)
 
 
 def sample(logits_BV, key, temperature: float, top_k: Optional[int], top_p: Optional[float]):
@@ -136,31 +137,31 @@ def sample(logits_BV, key, temperature: float, top_k: Optional[int], top_p: Opti
 
 
 def _prefill_left_padded(params, cfg, prompt, lengths, cache_len, prompt_cf,
-                         recurrent_prompt, method, tol):
+                         recurrent_prompt, mode, tol):
   """prefill() of left-padded prompts (row b's real tokens are its last lengths[b]);
   prompt_cf [B, P]: the real tokens' control flow (recurrent_prompt: any of it is 2)."""
   P = prompt.shape[1]
   pad = P - lengths
   t = jnp.arange(P)[None, :]
   valid = t >= pad[:, None]
-  # the left padding as a segment of its own: attention masks it either way, and a fused
+  # the left padding as a document of its own: attention masks it either way, and a fused
   # kernel then takes the mask (cuDNN's mask-free form needs padding at the end)
   inp = SeqInputs(jnp.where(valid, prompt_cf, CF_PAD).astype(jnp.int32),
                   jnp.maximum(t - pad[:, None], 0).astype(jnp.int32),
                   valid.astype(jnp.int32))
   return prefill(params, cfg, prompt, inp, cache_len, recurrent_prompt=recurrent_prompt,
-                 method=method, tol=tol)
+                 mode=mode, tol=tol)
 
 
 @functools.partial(jax.jit, static_argnames=(
     "cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id",
-    "recurrent_prompt", "return_logits", "prefill_method", "prefill_tol"))
+    "recurrent_prompt", "return_logits", "prefill_mode", "prefill_tol"))
 def _generate(params, cfg, prompt, lengths, prompt_cf, rng, max_new_tokens, temperature, top_k,
-              top_p, eos_id, recurrent_prompt, return_logits, prefill_method, prefill_tol):
+              top_p, eos_id, recurrent_prompt, return_logits, prefill_mode, prefill_tol):
   B, P = prompt.shape
   N = max_new_tokens
-  logits, state = _prefill_left_padded(params, cfg, prompt, lengths, P + N, prompt_cf,
-                                       recurrent_prompt, prefill_method, prefill_tol)
+  logits, dec = _prefill_left_padded(params, cfg, prompt, lengths, P + N, prompt_cf,
+                                     recurrent_prompt, prefill_mode, prefill_tol)
   keys = jax.random.split(rng, N)
   fill = 0 if eos_id is None else eos_id
   tokens = jnp.full((B, N), fill, jnp.int32)
@@ -186,12 +187,12 @@ def _generate(params, cfg, prompt, lengths, prompt_cf, rng, max_new_tokens, temp
     return (i < N) & ~jnp.all(done)
 
   def body(carry):
-    i, tok, state, tokens, step_logits, done = carry
-    logits, state = decode_step(params, cfg, state, tok, layers)
+    i, tok, dec, tokens, step_logits, done = carry
+    logits, dec = decode_step(params, cfg, dec, tok, layers)
     tok, tokens, step_logits, done = emit(i, logits, tokens, step_logits, done)
-    return i + 1, tok, state, tokens, step_logits, done
+    return i + 1, tok, dec, tokens, step_logits, done
 
-  carry = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, state, tokens, step_logits, done))
+  carry = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, dec, tokens, step_logits, done))
   return (carry[3], carry[4]) if return_logits else carry[3]
 
 
@@ -245,8 +246,8 @@ def _check_arguments(cfg, prompt_tokens, max_new_tokens, temperature, top_k, top
                      pad_id=None):
   """Validate generate()/stream() arguments; returns (lengths [B], prompt cf [B, P],
   recurrent_prompt)."""
-  if prefill not in prefill_methods():
-    raise ValueError(f"prefill={prefill!r} is invalid: allowed one of {prefill_methods()}")
+  if prefill not in prefill_modes():
+    raise ValueError(f"prefill={prefill!r} is invalid: allowed one of {prefill_modes()}")
   if prefill_tol is not None and not prefill_tol > 0:
     raise ValueError(f"prefill_tol={prefill_tol!r} is invalid: allowed None or > 0")
   check_tokens(cfg, prompt_tokens, "prompt_tokens")
@@ -306,7 +307,7 @@ def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
   flow; entries at left padding are ignored). After a row emits `eos_id`, it repeats eos_id. With
   return_logits, also the logits each token was chosen from [B, N, V].
   prefill="jacobi" prefills the prompt with parallel Jacobi sweeps until
-  max|ΔR| < prefill_tol (at most P sweeps: exact when prefill_tol is None) instead
+  max|Δstate| < prefill_tol (at most P sweeps: exact when prefill_tol is None) instead
   of token by token.
   """
   lengths, prompt_cf, recurrent = _check_arguments(
@@ -320,13 +321,13 @@ def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
 
 
 _stream_prefill = jax.jit(_prefill_left_padded, static_argnames=(
-    "cfg", "cache_len", "recurrent_prompt", "method", "tol"))
+    "cfg", "cache_len", "recurrent_prompt", "mode", "tol"))
 _split_layers = jax.jit(split_layers)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
-def _stream_step(params, layers, cfg, state, token_B):
-  return decode_step(params, cfg, state, token_B, layers)
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("dec",))
+def _stream_step(params, layers, cfg, dec, token_B):
+  return decode_step(params, cfg, dec, token_B, layers)
 
 
 _sample = jax.jit(sample, static_argnames=("temperature", "top_k", "top_p"))
@@ -355,8 +356,8 @@ def stream(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
                      f"{cfg.max_seq_len}")
   rng = jax.random.PRNGKey(0) if rng is None else rng
   keys = jax.random.split(rng, max_new_tokens)
-  logits, state = _stream_prefill(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths,
-                                  cache_len, prompt_cf, recurrent, prefill,
+  logits, dec = _stream_prefill(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths,
+                                cache_len, prompt_cf, recurrent, prefill,
                                   None if prefill_tol is None else float(prefill_tol))
   layers = None               # split after the first token is out
   done = np.zeros(prompt_tokens.shape[0], bool)
@@ -371,4 +372,4 @@ def stream(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
     if i + 1 == max_new_tokens or done.all():
       return
     layers = _split_layers(params["layers"]) if layers is None else layers
-    logits, state = _stream_step(params, layers, cfg, state, jnp.asarray(token, jnp.int32))
+    logits, dec = _stream_step(params, layers, cfg, dec, jnp.asarray(token, jnp.int32))

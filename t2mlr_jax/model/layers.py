@@ -126,13 +126,13 @@ def apply_rope(x_BTNK, rope: Optional[Rope]):
 # ------------------------------------------------------------------------ attention
 
 
-def attention_mask(q_slot_BT, k_valid_BS, q_seg_BT=None, k_seg_BS=None):
-  """[B,T,S] bool: key slot s visible to query t (causal, valid key, same segment)."""
+def attention_mask(q_slot_BT, k_valid_BS, q_doc_BT=None, k_doc_BS=None):
+  """[B,T,S] bool: key slot s visible to query t (causal, valid key, same document)."""
   S = k_valid_BS.shape[1]
   mask = jnp.arange(S)[None, None, :] <= q_slot_BT[:, :, None]
   mask = mask & k_valid_BS[:, None, :]
-  if q_seg_BT is not None:
-    mask = mask & (k_seg_BS[:, None, :] == q_seg_BT[:, :, None])
+  if q_doc_BT is not None:
+    mask = mask & (k_doc_BS[:, None, :] == q_doc_BT[:, :, None])
   return mask
 
 
@@ -177,7 +177,7 @@ class KV(NamedTuple):
   v: jnp.ndarray
 
 
-KV_KINDS = ("cache", "buffer")
+KV_SOURCES = ("cache", "buffer")
 
 
 class Attention(nn.Module):
@@ -185,15 +185,15 @@ class Attention(nn.Module):
   QK-norm. `mix(k, v) -> (k, v, extra)`, when given, rewrites this layer's keys and values
   before RoPE (LRT's gated feedback); `extra` is returned beside the keys/values.
 
-  Keys come from one of three places, named by `kv_kind` (one of KV_KINDS) when `kv` is
-  given: the sequence's own fresh keys (kv None), a decode "cache" [B·N_kv, S, K] this
+  Keys come from one of three places, named by `kv_source` (one of KV_SOURCES) when `kv`
+  is given: the sequence's own fresh keys (kv None), a decode "cache" [B·N_kv, S, K] this
   token's keys are written into at slot `index`, or a full-length "buffer"
   [B, S, N_kv, K] whose rows `index` are overwritten (LRT-style refinement passes)."""
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x_BTD, rope, mask_BTS, kv: Optional[KV] = None, index=None, mix=None,
-               segments=None, window=None, kv_kind: Optional[str] = None):
+               kernel_inputs=None, window=None, kv_source: Optional[str] = None):
     cfg = self.cfg
     dt = compute_dtype(cfg)
     N, Nk, K = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -213,18 +213,18 @@ class Attention(nn.Module):
       k = rms_normalize(k, cfg.rms_norm_eps).astype(k.dtype)
     if kv is None:          # a full sequence: its own keys, mask [B, T, T]
       chex.assert_shape(mask_BTS, (B, T, T))
-      if segments is None:
+      if kernel_inputs is None:
         out = attend(q, k, v, mask_BTS)
-      else:                 # a fused kernel (model/kernels.py), causal within segments
+      else:                 # a fused kernel (model/kernels.py), causal within documents
         impl = kernels.resolve(cfg.attention, cfg.dtype, head_dim=cfg.head_dim)
-        out = kernels.attend_full(impl, q, k, v, mask_BTS, segments, window,
+        out = kernels.attend_full(impl, q, k, v, mask_BTS, kernel_inputs, window,
                                   cfg.layer_windows or ())
-    elif kv_kind == "buffer":   # rows `index` of a full-length buffer [B, S, N_kv, K] rewritten
+    elif kv_source == "buffer":  # rows `index` of a full-length buffer [B, S, N_kv, K] rewritten
       kv = KV(kv.k.at[:, index].set(k.astype(kv.k.dtype)),
               kv.v.at[:, index].set(v.astype(kv.v.dtype)))
       chex.assert_shape(mask_BTS, (B, T, kv.k.shape[1]))
       out = attend(q, kv.k.astype(dt), kv.v.astype(dt), mask_BTS)
-    elif kv_kind == "cache":    # one new token: written into the cache first, then attends
+    elif kv_source == "cache":   # one new token: written into the cache first, then attends
       if T != 1:
         raise ValueError(f"attention over a cache takes one token per step, got T={T}")
       kv = write_kv(kv, KV(k, v), index)
@@ -237,7 +237,8 @@ class Attention(nn.Module):
       probs = jnp.where(mask, jax.nn.softmax(jnp.where(mask, logits, NEG_INF), axis=-1), 0.0)
       out = jnp.einsum("xgs,xsk->xgk", probs.astype(dt), kv.v.astype(dt))
     else:
-      raise ValueError(f"kv_kind={kv_kind!r} is invalid with kv given: allowed one of {KV_KINDS}")
+      raise ValueError(f"kv_source={kv_source!r} is invalid with kv given: allowed one of "
+                       f"{KV_SOURCES}")
     out = out.reshape(B, T, N * K)
     y = nn.Dense(cfg.d_model, use_bias=False, dtype=dt, param_dtype=jnp.float32,
                  kernel_init=dense_init(cfg), name="o")(out)

@@ -31,7 +31,7 @@ from t2mlr_jax.model.sequence import (
   SeqInputs,
   context,
   logits,
-  positions_from_segments,
+  positions_from_documents,
   run_segment,
   segments,
   side_inputs,
@@ -43,7 +43,7 @@ BUILTIN_MODES = ("parallel", "exact")      # every other mode is a registered sc
 
 __all__ = ["BUILTIN_MODES", "ModeOut", "SeqInputs", "check_tokens", "exact", "forward",
            "hidden_modes", "hidden_states", "mode_names", "mode_options", "parallel",
-           "positions_from_segments", "seq_inputs"]
+           "positions_from_documents", "seq_inputs"]
 
 
 def mode_names() -> tuple[str, ...]:
@@ -96,12 +96,12 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   """The true recurrence (all outputs of ModeOut).
 
   A prefix where every row is non-recurrent (cf <= 1: SFT and chat prompts, left
-  padding) reads no memory, so its recurrent-block outputs and keys/values are those of
+  padding) reads no memory, so its recurrent-span outputs and keys/values are those of
   one parallel pass: the token-by-token loop takes them instead of running the
   block there (`lax.cond` per step; the parallel pass runs only when such a prefix
   exists). The state each prefix position leaves is computed as usual."""
   B, T = tokens_BT.shape
-  kind = recurrence.of(cfg)
+  rtype = recurrence.of(cfg)
   x0 = embed(params, cfg, tokens_BT)
   ctx = context(params, cfg, inp, tokens_BT, x0)
   rope, mask = ctx.rope, ctx.mask
@@ -126,16 +126,16 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
                                                    shapes))
 
   def step(carry, xs):
-    S_BD, caches = carry
+    state_BD, caches = carry
     h_B1D, cf_B1, pos_B1, rope_t, mask_B1S, t, x0_B1D, tok_B1, skip, o_pre_B1D, kv_pre_t = xs
-    S_read = kind.read(cfg, S_BD[:, None, :], pos_B1, jnp.broadcast_to(t, pos_B1.shape))
-    x, stats = kind.enter(params, cfg, h_B1D, S_read, cf_B1)
-    mem = kind.memory(cfg, S_read, cf_B1)
+    prev_B1D = rtype.read(cfg, state_BD[:, None, :], pos_B1, jnp.broadcast_to(t, pos_B1.shape))
+    x, stats = rtype.enter(params, cfg, h_B1D, prev_B1D, cf_B1)
+    mem = rtype.memory(cfg, prev_B1D, cf_B1)
     side = side_inputs(params, cfg, x0_B1D, tok_B1, (t - dist)[None, None], mem)
     ctx_t = LayerCtx(rope_t, mask_B1S, side, value_embed_inputs(params, cfg, tok_B1))
 
     def run(caches):
-      return transformer.run_layers(layers, cfg, x, ctx_t, first, caches, t, kv_kind="cache")
+      return transformer.run_layers(layers, cfg, x, ctx_t, first, caches, t, kv_source="cache")
 
     def take(caches):         # the prefix pass's output and keys/values at slot t
       write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new[:, None], t, axis=1)
@@ -143,8 +143,8 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
           KV(write(c.k, n.k), write(c.v, n.v)) for c, n in zip(caches, kv_pre_t))
 
     o, caches = jax.lax.cond(skip, take, run, caches)
-    S_new = kind.carry(params, cfg, o, S_read, cf_B1)[:, 0]
-    return (S_new, caches), (o[:, 0], stats, None if mem is None else mem[:, 0])
+    state_BD = rtype.carry(params, cfg, o, prev_B1D, cf_B1)[:, 0]
+    return (state_BD, caches), (o[:, 0], stats, None if mem is None else mem[:, 0])
 
   time_major = lambda a: None if a is None else jnp.swapaxes(a, 0, 1)[:, :, None]
   rope_t = None if rope is None else Rope(time_major(rope.cos_BTK), time_major(rope.sin_BTK))
@@ -152,8 +152,8 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
         jnp.arange(T), time_major(x0) if cfg.x0_lambdas else None,
         time_major(tokens_BT) if recurrence.uses_memory(cfg) or cfg.value_embeds else None,
         skip_T, time_major(o_pre), kv_pre)
-  (S_final, caches), (o_TBD, stats, mem_TBD) = jax.lax.scan(
-      step, (kind.zero_state(cfg, B), caches), xs)
+  (state_BD, caches), (o_TBD, stats, mem_TBD) = jax.lax.scan(
+      step, (rtype.zero_state(cfg, B), caches), xs)
   kv_mid = jax.tree.map(lambda *a: jnp.stack(a), *(from_cache(c, B) for c in caches))
   if mem_TBD is not None:
     ctx = ctx._replace(side=ctx.side._replace(memory=jnp.swapaxes(mem_TBD, 0, 1)))
@@ -161,8 +161,8 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   stats = jax.tree.map(lambda a: jnp.swapaxes(a[:, :, 0], 0, 1), stats)
   kvs = {"lower": kv_lo, "middle": kv_mid, "upper": kv_up}
   kvs = {k: v for k, v in kvs.items() if v is not None}
-  return ModeOut(logits(params, cfg, y, last_only, hidden), kind.stats(stats, cf), kvs,
-                 S_final)
+  return ModeOut(logits(params, cfg, y, last_only, hidden), rtype.stats(stats, cf), kvs,
+                 state_BD)
 
 
 # ----------------------------------------------------------------- public entry
@@ -206,27 +206,28 @@ def _check_side(name, value, shape, allowed=None):
 
 
 def seq_inputs(tokens, control_flow=None, positions=None, segment_ids=None) -> SeqInputs:
-  """Fill defaults: control flow all 2, positions from segments (or arange)."""
+  """Fill defaults: control flow all 2, positions from the packed documents (or arange);
+  `segment_ids` (the public name) become `SeqInputs.document_ids`."""
   B, T = tokens.shape
   if control_flow is None:
     control_flow = jnp.full((B, T), CF_RECURRENT, jnp.int32)
   if positions is None:
-    positions = (positions_from_segments(segment_ids) if segment_ids is not None
+    positions = (positions_from_documents(segment_ids) if segment_ids is not None
                  else jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T)))
   return SeqInputs(jnp.asarray(control_flow, jnp.int32), jnp.asarray(positions, jnp.int32),
                    None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32))
 
 
-def _check_segment_starts(positions, segment_ids):
-  """Explicit positions with segment ids must restart at 0 where a segment starts (the
-  memory resets where a position id is 0, so otherwise it would cross documents)."""
+def _check_document_starts(positions, segment_ids):
+  """Explicit positions with segment ids must restart at 0 where a document starts (the
+  state resets where a position id is 0, so otherwise it would cross documents)."""
   if positions is None or segment_ids is None or not (
       _is_concrete(positions) and _is_concrete(segment_ids)):
     return
-  pos, seg = np.asarray(positions), np.asarray(segment_ids)
-  starts = np.ones(seg.shape, bool)
-  starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
-  starts &= seg >= 0                       # padding (negative ids) starts nothing
+  pos, doc = np.asarray(positions), np.asarray(segment_ids)
+  starts = np.ones(doc.shape, bool)
+  starts[:, 1:] = doc[:, 1:] != doc[:, :-1]
+  starts &= doc >= 0                       # padding (negative ids) starts nothing
   bad = np.argwhere(starts & (pos != 0))
   if bad.size:
     b, t = bad[0]
@@ -296,17 +297,18 @@ def forward(params, cfg: ModelConfig, tokens, *, mode: str, control_flow=None,
   (passes, kv_refresh: LRT only), "multi_refine" (refine_passes, refine_detach;
   refine_weights is the loss's).
   control_flow [B,T]: 0 padding, 1 non-recurrent, 2 recurrent (None: all 2).
-  positions [B,T]: RoPE position ids (None: restart at 0 at each segment, else arange).
-  The recurrent memory (T2MLR's cache, LRT's fed-back state) resets wherever a position
-  id is 0: that is how it knows a sequence or a packed segment starts.
-  segment_ids [B,T]: packed documents: attention does not cross them, and the memory
-  resets at each segment's first token because its position id restarts at 0 (explicit
-  positions given with segment_ids must restart at 0 at every segment start; checked).
-  With return_aux, also a dict: jacobi: jacobi_residual (last sweep's max|R_k - R_{k-1}|),
-  jacobi_sweeps; interleaved / chunked: pass_logits (pass 0 [B,T,V], then pass p's
-  positions) and h_final [B,T,D] (the merged states); multi_refine: pass_logits
-  [K+1,B,T,V], h_final; and the type's metrics: T2MLR's mean gates gate_rec / gate_cur,
-  LRT's gate_means [L, 3] (local, fb, ve) under the refinement schedules.
+  positions [B,T]: RoPE position ids (None: restart at 0 at each document, else arange).
+  The recurrent state (T2MLR's R, LRT's fed-back output) resets wherever a position id
+  is 0: that is how it knows a sequence or a packed document starts.
+  segment_ids [B,T]: the packed document of each token: attention does not cross them,
+  and the state resets at each document's first token because its position id restarts
+  at 0 (explicit positions given with segment_ids must restart at 0 at every document
+  start; checked).
+  With return_aux, also a dict: jacobi: jacobi_residual (last sweep's max|state_k −
+  state_{k−1}|), jacobi_sweeps; interleaved / chunked: pass_logits (pass 0 [B,T,V], then
+  pass p's positions) and h_final [B,T,D] (the merged states); multi_refine: pass_logits
+  [refine_passes+1,B,T,V], h_final; and the type's metrics: T2MLR's mean gates gate_rec /
+  gate_cur, LRT's gate_means [L, 3] (local, fb, ve) under the refinement schedules.
   A model without recurrence computes the same logits in every mode.
   """
   logits, aux = _checked_forward(params, cfg, tokens, mode, control_flow, positions,
@@ -333,7 +335,7 @@ def _checked_forward(params, cfg, tokens, mode, control_flow, positions, segment
   _check_side("control_flow", control_flow, tokens.shape, (0, 1, 2))
   _check_side("positions", positions, tokens.shape)
   _check_side("segment_ids", segment_ids, tokens.shape)
-  _check_segment_starts(positions, segment_ids)
+  _check_document_starts(positions, segment_ids)
   options = mode_options(cfg, mode, tokens.shape[1], **mode_opts)
   options.pop("refine_weights", None)          # the loss's, not the forward's
   inp = seq_inputs(tokens, control_flow, positions, segment_ids)

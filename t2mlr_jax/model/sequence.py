@@ -28,18 +28,19 @@ class ModeOut(NamedTuple):
 
 
 class SeqInputs(NamedTuple):
-  """Per-token side inputs, all [B, T] int32."""
+  """Per-token side inputs, all [B, T] int32; document_ids: the packed document of each
+  token (the public `segment_ids`), None without packing."""
   control_flow: jnp.ndarray
   positions: jnp.ndarray
-  segment_ids: Optional[jnp.ndarray]
+  document_ids: Optional[jnp.ndarray]
 
 
-def positions_from_segments(segment_ids_BT):
-  """Position ids restarting at 0 wherever the segment id changes."""
-  B, T = segment_ids_BT.shape
+def positions_from_documents(document_ids_BT):
+  """Position ids restarting at 0 wherever the document id changes."""
+  B, T = document_ids_BT.shape
   t = jnp.arange(T)[None, :]
   start = jnp.concatenate(
-      [jnp.ones((B, 1), bool), segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
+      [jnp.ones((B, 1), bool), document_ids_BT[:, 1:] != document_ids_BT[:, :-1]], axis=1)
   return t - jax.lax.cummax(jnp.where(start, t, 0), axis=1)
 
 
@@ -60,15 +61,15 @@ def context(params, cfg: ModelConfig, inp: SeqInputs, tokens_BT, x0_BTD) -> Laye
   B, T = tokens_BT.shape
   q_slot = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
   mask = attention_mask(q_slot, inp.control_flow != CF_PAD,
-                        inp.segment_ids, inp.segment_ids)
+                        inp.document_ids, inp.document_ids)
   dist = jnp.arange(T)[:, None] - jnp.arange(T)[None, :]
   zero = jnp.zeros((B, T, cfg.d_model), jnp.float32) if recurrence.uses_memory(cfg) else None
   side = side_inputs(params, cfg, x0_BTD, tokens_BT, dist[None], zero)
-  segments = None
+  fused = None
   if kernels.resolve(cfg.attention, cfg.dtype, head_dim=cfg.head_dim) != "xla":
-    segments = kernels.kernel_inputs(inp.control_flow, inp.segment_ids)
+    fused = kernels.kernel_inputs(inp.control_flow, inp.document_ids)
   return LayerCtx(rope_tables(cfg, inp.positions), mask, side,
-                  value_embed_inputs(params, cfg, tokens_BT), segments=segments)
+                  value_embed_inputs(params, cfg, tokens_BT), kernel_inputs=fused)
 
 
 def segments(params, cfg, unrolled=()) -> dict:
@@ -79,7 +80,7 @@ def segments(params, cfg, unrolled=()) -> dict:
   return {name: (lo, seg) for (name, lo, _), seg in zip(cfg.segments, segs)}
 
 
-def run_block(seg, cfg, x, ctx: LayerCtx):
+def run_segment_layers(seg, cfg, x, ctx: LayerCtx):
   """A segment (first layer, layers) over the whole sequence."""
   first, layers = seg
   return transformer.run_layers(layers, cfg, x, ctx, first)
@@ -88,7 +89,7 @@ def run_block(seg, cfg, x, ctx: LayerCtx):
 def run_segment(segs, cfg, name, x, ctx: LayerCtx):
   """Run one named segment in parallel over the sequence; identity if it is empty."""
   seg = segs.get(name)
-  return (x, None) if seg is None else run_block(seg, cfg, x, ctx)
+  return (x, None) if seg is None else run_segment_layers(seg, cfg, x, ctx)
 
 
 def stacked(kvs):

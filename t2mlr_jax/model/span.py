@@ -2,7 +2,7 @@
 recurrent span over all positions given the states they read (`run_span`: the type's
 `enter` at its first layer, the layers with the type's `memory`, `carry` at its last), and
 give each position the state the position before it left (`previous_states`: shifted by
-one, through the type's `read`, so it resets where a sequence or packed segment starts).
+one, through the type's `read`, so it resets where a sequence or packed document starts).
 
 Jacobi's sweeps, the interleaved / chunked / multi-refine passes, the Jacobi prefill and
 decoding all call these, for T2MLR and LRT alike (`recurrence/__init__.py`)."""
@@ -30,27 +30,27 @@ class SpanOut(NamedTuple):
   ctx: LayerCtx
 
 
-def run_span(params, cfg: ModelConfig, span, h_BTD, S_BTD, ctx: LayerCtx, cf_BT, *,
-             kvs=None, index=None, kv_kind: Optional[str] = None, memory=None) -> SpanOut:
+def run_span(params, cfg: ModelConfig, span, h_BTD, prev_BTD, ctx: LayerCtx, cf_BT, *,
+             kvs=None, index=None, kv_source: Optional[str] = None, memory=None) -> SpanOut:
   """The recurrent span (first layer, layers) over the positions of h, each reading the
-  state S (as `read` gives it). `kvs` / `index` / `kv_kind`: as `run_layers` (a decode
-  cache, or a refinement pass's key buffer); `memory`: the per-layer memory when the
-  caller already has it (else the type's `memory` of S)."""
-  kind = recurrence.of(cfg)
-  x, stats = kind.enter(params, cfg, h_BTD, S_BTD, cf_BT)
-  mem = kind.memory(cfg, S_BTD, cf_BT) if memory is None else memory
+  state `prev` its predecessor left (as `read` gives it). `kvs` / `index` / `kv_source`: as
+  `run_layers` (a decode cache, or a refinement pass's key buffer); `memory`: the
+  per-layer memory when the caller already has it (else the type's `memory` of prev)."""
+  rtype = recurrence.of(cfg)
+  x, stats = rtype.enter(params, cfg, h_BTD, prev_BTD, cf_BT)
+  mem = rtype.memory(cfg, prev_BTD, cf_BT) if memory is None else memory
   if mem is not None:
     ctx = ctx._replace(side=ctx.side._replace(memory=mem))
   first, layers = span
-  o, kv = run_layers(layers, cfg, x, ctx, first, kvs, index, kv_kind=kv_kind)
-  return SpanOut(o, kind.carry(params, cfg, o, S_BTD, cf_BT), stats, kv, ctx)
+  o, kv = run_layers(layers, cfg, x, ctx, first, kvs, index, kv_source=kv_source)
+  return SpanOut(o, rtype.carry(params, cfg, o, prev_BTD, cf_BT), stats, kv, ctx)
 
 
-def previous_states(cfg: ModelConfig, Z_BTD, positions_BT):
-  """S[t] = read(Z[t−1]): the state position t reads, given the states Z every position
-  left (zero at t = 0 and wherever the type resets)."""
-  B, T, _ = Z_BTD.shape
-  shifted = jnp.pad(Z_BTD, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+def previous_states(cfg: ModelConfig, states_BTD, positions_BT):
+  """prev[t] = read(states[t−1]): the state position t reads, given the states every
+  position left (zero at t = 0 and wherever the type resets)."""
+  B, T, _ = states_BTD.shape
+  shifted = jnp.pad(states_BTD, ((0, 0), (1, 0), (0, 0)))[:, :-1]
   slots = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
   return recurrence.of(cfg).read(cfg, shifted, positions_BT, slots)
 

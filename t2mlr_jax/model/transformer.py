@@ -149,7 +149,7 @@ class LayerCtx(NamedTuple):
   side: Optional[LayerSide] = None
   per_layer: Optional[tuple] = None
   collect: bool = False
-  segments: Optional[KernelInputs] = None    # what fused attention kernels mask with
+  kernel_inputs: Optional[KernelInputs] = None    # what fused attention kernels mask with
 
 
 def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:
@@ -174,7 +174,7 @@ def value_embed_inputs(params, cfg: ModelConfig, tokens_BT) -> Optional[tuple]:
 
 
 def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=None,
-               index=None, keep_last: bool = False, kv_kind: Optional[str] = None):
+               index=None, keep_last: bool = False, kv_source: Optional[str] = None):
   """Run layers first, first+1, ... over x; returns (x, per-layer keys/values).
 
   `layers`: a stacked tree [n, ...] (run with `lax.scan` when cfg.scan_layers; outputs
@@ -189,7 +189,7 @@ def run_layers(layers, cfg: ModelConfig, x_BTD, ctx: LayerCtx, first: int, kvs=N
   block = Block(cfg)
 
   def layer(x, p, kv, window, ve=None):
-    args = (x, ctx.rope, ctx.mask, kv, index, ctx.side, window, ve, ctx.segments, kv_kind)
+    args = (x, ctx.rope, ctx.mask, kv, index, ctx.side, window, ve, ctx.kernel_inputs, kv_source)
     if not ctx.collect:
       y, out = block.apply({"params": p}, *args)
     else:

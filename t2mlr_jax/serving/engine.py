@@ -1,7 +1,7 @@
 """The serving engine: decode slots that requests join and leave between steps
 (continuous batching, JetStream's prefill / insert / generate). Each slot is one row of a
-batched decode state with its own KV rows, recurrent state (T2MLR's cache, LRT's
-memory), position, control flow, sampling settings and random key.
+batched decode state with its own KV rows, recurrent state, position, control flow,
+sampling settings and random key.
 
 All rows share one cache index, the slot the next token is written to
 (`decode.DecodeState.index`); a prompt is inserted so that it ends at that index, so
@@ -85,7 +85,7 @@ class Prefilled(NamedTuple):
   """One prompt run through the model, its cache at the engine's cache length."""
   kv: tuple                 # per layer KV, each [N_kv, S, K]; the prompt in slots [0, P)
   valid: jnp.ndarray        # [S] bool (the left padding of its bucket: False)
-  R: jnp.ndarray            # [D] the state the prompt leaves
+  state: jnp.ndarray        # [D] the recurrent state the prompt leaves
   position: jnp.ndarray     # int32: the next token's position id
   logits: jnp.ndarray       # [V] the last position's
   length: int               # L real tokens, the last L of the bucket
@@ -169,18 +169,18 @@ def _prefill(params, cfg, tokens_1P, length, cf_1P, cache_len: int, recurrent: b
   real = t >= pad
   inp = SeqInputs(jnp.where(real, cf_1P, CF_PAD).astype(jnp.int32),
                   jnp.maximum(t - pad, 0).astype(jnp.int32), real.astype(jnp.int32))
-  logits, state = prefill(params, cfg, tokens_1P, inp, cache_len, recurrent_prompt=recurrent,
-                          last_only=not echo)
-  kv = tuple(KV(c.k, c.v) for c in state.kv)
+  logits, dec = prefill(params, cfg, tokens_1P, inp, cache_len, recurrent_prompt=recurrent,
+                        last_only=not echo)
+  kv = tuple(KV(c.k, c.v) for c in dec.kv)
   last = logits[:, -1] if echo else logits
   scores = None
   if echo:                      # position t predicts token t + 1
     scores = _logprobs(logits[0, :-1], tokens_1P[0, 1:])
-  return (kv, state.valid[0], state.R[0], state.positions[0], last[0]), scores
+  return (kv, dec.valid[0], dec.state[0], dec.positions[0], last[0]), scores
 
 
 @functools.partial(jax.jit, donate_argnames=("slots",))
-def _insert(slots: Slots, kv, valid_S, R_D, position, logits_V, prompt_bucket, row, cf,
+def _insert(slots: Slots, kv, valid_S, state_D, position, logits_V, prompt_bucket, row, cf,
             temperature, top_k, top_p, key, logprobs):
   """Place a prefilled prompt in row `row` so that it ends at the shared index (its left
   padding, invalid, may wrap round to the row's end); draw its first token."""
@@ -193,8 +193,8 @@ def _insert(slots: Slots, kv, valid_S, R_D, position, logits_V, prompt_bucket, r
         cache.dtype), row * N, axis=0)
   caches = tuple(KV(put(c.k, n.k), put(c.v, n.v)) for c, n in zip(dec.kv, kv))
   valid = dec.valid.at[row].set(jnp.roll(valid_S, shift))
-  dec = DecodeState(caches, dec.R.at[row].set(R_D.astype(dec.R.dtype)), valid, dec.index,
-                    dec.positions.at[row].set(position))
+  dec = DecodeState(caches, dec.state.at[row].set(state_D.astype(dec.state.dtype)), valid,
+                    dec.index, dec.positions.at[row].set(position))
   slots = Slots(dec, slots.token, slots.cf.at[row].set(cf),
                 slots.temperature.at[row].set(temperature), slots.top_k.at[row].set(top_k),
                 slots.top_p.at[row].set(top_p), slots.key.at[row].set(key),
@@ -260,7 +260,7 @@ def _moved_slots(old: Slots, new: Slots, order: Sequence[int], longest: int,
     a_new = a_new.copy()
     a_new[:n] = rows_of(a_old)
     return a_new
-  dec = DecodeState(caches, pick(old.decode.R, new.decode.R), valid, np.int32(new_index),
+  dec = DecodeState(caches, pick(old.decode.state, new.decode.state), valid, np.int32(new_index),
                     pick(old.decode.positions, new.decode.positions))
   fields = [pick(getattr(old, f), getattr(new, f)) for f in Slots._fields[1:]]
   return Slots(dec, *fields)
@@ -391,10 +391,10 @@ class Engine:
     tokens[0, P - L:] = prompt
     cf = np.full((1, P), control_flow, np.int32)
     recurrent = control_flow == CF_RECURRENT and self.cfg.recurrence is not None
-    (kv, valid, R, position, logits), scores = _prefill(
+    (kv, valid, state, position, logits), scores = _prefill(
         self.params, self.cfg, jax.device_put(tokens), jnp.int32(L), jax.device_put(cf), S,
         recurrent, bool(echo))
-    pre = Prefilled(kv, valid, R, position, logits, L, P, S)
+    pre = Prefilled(kv, valid, state, position, logits, L, P, S)
     if scores is not None:
       lp, ids, top = (np.asarray(x) for x in scores)
       scores = PromptScores(lp[P - L:], ids[P - L:], top[P - L:])
@@ -417,7 +417,7 @@ class Engine:
     row = self.rows.index(None)
     key = jax.random.PRNGKey(sampling.seed)
     self.slots, out = _insert(
-        self.slots, pre.kv, pre.valid, pre.R, pre.position, pre.logits,
+        self.slots, pre.kv, pre.valid, pre.state, pre.position, pre.logits,
         jnp.int32(pre.prompt_bucket), jnp.int32(row), jnp.int32(control_flow),
         jnp.float32(sampling.temperature), jnp.int32(sampling.top_k),
         jnp.float32(sampling.top_p), key, jnp.bool_(logprobs))

@@ -56,7 +56,7 @@ async def guard(request: Request, call_next):
   if server.api_key and request.url.path != "/health":
     if request.headers.get("authorization", "") != f"Bearer {server.api_key}":
       return ApiError(401, "missing or wrong API key: send Authorization: Bearer KEY",
-                      kind="authentication_error").response()
+                      error_type="authentication_error").response()
   size = request.headers.get("content-length")
   if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
     return ApiError(413, f"the request body has {size} bytes: allowed at most "
@@ -81,7 +81,7 @@ async def body_of(request: Request, server) -> dict:
   model = body.get("model", server.name)
   if model != server.name:
     raise ApiError(404, f"model={model!r} does not exist: allowed {server.name!r}",
-                   "model", kind="not_found_error")
+                   "model", error_type="not_found_error")
   return body
 
 
@@ -97,7 +97,7 @@ def submit(server, jobs: list) -> None:
     server.scheduler.submit(jobs)
   except QueueFull:
     raise ApiError(429, f"the queue is full ({server.scheduler.max_queue} requests): retry "
-                   "shortly", kind="rate_limit_error", headers={"Retry-After": "1"}) from None
+                   "shortly", error_type="rate_limit_error", headers={"Retry-After": "1"}) from None
 
 
 def check_lengths(server, prompts, settings: Settings) -> None:
@@ -124,12 +124,12 @@ async def _collect(server, job: Job, on_piece=None):
   stops = job.settings.stop
   hold = max((len(s) for s in stops), default=1) - 1
   while True:
-    kind, value = await job.events.get()
-    if kind == "prompt":
+    event, value = await job.events.get()
+    if event == "prompt":
       scores = value
-    elif kind == "error":
+    elif event == "error":
       raise ApiError(400, value, "prompt")
-    elif kind == "done":
+    elif event == "done":
       reason = {"cancelled": "stop"}.get(value, value)
       break
     else:
@@ -313,7 +313,7 @@ async def _completion_events(server, jobs: list, rid: str, created: int):
       usage[1] += len(gen)
       await queue.put(chunk(i, "", reason))
     except ApiError as e:
-      await queue.put({"error": {"message": e.message, "type": e.kind}})
+      await queue.put({"error": {"message": e.message, "type": e.error_type}})
   tasks = [asyncio.create_task(run(i, job)) for i, job in enumerate(jobs)]
   try:
     async for event in _drain(queue, asyncio.gather(*tasks)):
@@ -405,7 +405,7 @@ async def _chat_events(server, job: Job, chunk):
     try:
       gen, reason = task.result()[1], task.result()[4]
     except ApiError as e:
-      yield _sse({"error": {"message": e.message, "type": e.kind}})
+      yield _sse({"error": {"message": e.message, "type": e.error_type}})
       return
     yield _sse(chunk({}, reason))
     if settings.include_usage:

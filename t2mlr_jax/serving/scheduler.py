@@ -23,8 +23,8 @@ class Job:
     self.produced = 0
     self.submitted = time.perf_counter()
 
-  def emit(self, kind: str, value: Any = None) -> None:
-    self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+  def emit(self, event: str, value: Any = None) -> None:
+    self.loop.call_soon_threadsafe(self.events.put_nowait, (event, value))
 
 
 class QueueFull(Exception):
@@ -51,7 +51,7 @@ class Scheduler:
   def submit(self, jobs: list) -> None:
     with self.wake:
       if self.stopping:
-        raise ApiError(503, "the server is shutting down", kind="server_error")
+        raise ApiError(503, "the server is shutting down", error_type="server_error")
       if len(self.pending) + len(jobs) > self.max_queue:
         raise QueueFull()
       self.pending.extend(jobs)

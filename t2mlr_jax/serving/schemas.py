@@ -42,13 +42,14 @@ class ApiError(Exception):
   """An error answered in OpenAI's shape: {"error": {message, type, param, code}}."""
 
   def __init__(self, status: int, message: str, param: Optional[str] = None,
-               kind: str = "invalid_request_error", headers: Optional[dict] = None):
+               error_type: str = "invalid_request_error", headers: Optional[dict] = None):
     super().__init__(message)
-    self.status, self.message, self.param, self.kind = status, message, param, kind
+    self.status, self.message, self.param = status, message, param
+    self.error_type = error_type
     self.headers = headers or {}
 
   def response(self) -> JSONResponse:
-    return JSONResponse({"error": {"message": self.message, "type": self.kind,
+    return JSONResponse({"error": {"message": self.message, "type": self.error_type,
                                    "param": self.param, "code": None}},
                         status_code=self.status, headers=self.headers)
 

@@ -174,22 +174,22 @@ def config_fields(cls, skip=(), **overrides) -> dict:
       continue
     value = overrides.get(f.name, f.default if f.default is not dataclasses.MISSING
                           else f.default_factory())
-    kind = str(f.type).replace("Optional[", "").rstrip("]")
-    if kind in _PLAIN:
-      out[f.name] = (config_dict.placeholder(_PLAIN[kind]) if "Optional" in str(f.type)
+    type_name = str(f.type).replace("Optional[", "").rstrip("]")
+    if type_name in _PLAIN:
+      out[f.name] = (config_dict.placeholder(_PLAIN[type_name]) if "Optional" in str(f.type)
                      else value)
       if "Optional" in str(f.type) and value is not None:
         out[f.name].set(value)
-    elif kind == "tuple":
+    elif type_name == "tuple":
       out[f.name] = value
   return out
 
 
-def recurrence_config(kind: str, **overrides) -> config_dict.ConfigDict:
+def recurrence_config(type_name: str, **overrides) -> config_dict.ConfigDict:
   """A `model.recurrence` group holding every field of one recurrence type at its default
   (so each can be overridden on the command line), e.g. recurrence_config("lrt",
   projection="shared"). The schedules' options are not here: `schedule_options_config`."""
-  entry = RECURRENCES.get(kind, "config field model.recurrence.type")
+  entry = RECURRENCES.get(type_name, "config field model.recurrence.type")
   if entry.config is None:
     names = set()
   else:
@@ -198,13 +198,13 @@ def recurrence_config(kind: str, **overrides) -> config_dict.ConfigDict:
   moved = [k for k in unknown if k in schedule_option_defaults()]
   if moved:
     _fail(f"model.recurrence.{moved[0]}", overrides[moved[0]],
-          f"a field of {kind}: {sorted(names)} ({moved[0]} is a schedule's option: "
+          f"a field of {type_name}: {sorted(names)} ({moved[0]} is a schedule's option: "
           f"model.schedule_options.{moved[0]}, schedule_options_config({moved[0]}=...))")
   if unknown:
     _fail(f"model.recurrence.{unknown[0]}", overrides[unknown[0]],
-          f"a field of {kind}: {sorted(names)}")
+          f"a field of {type_name}: {sorted(names)}")
   fields = {} if entry.config is None else config_fields(entry.config, **overrides)
-  return config_dict.ConfigDict({"type": kind, **fields})
+  return config_dict.ConfigDict({"type": type_name, **fields})
 
 
 def schedule_options_config(**overrides) -> config_dict.ConfigDict:
@@ -231,8 +231,8 @@ def _schedule_options(config) -> dict:
 
 def _recurrence(config):
   r = config.model.recurrence
-  kind = RECURRENCES.get(r.type, "config field model.recurrence.type")
-  if kind.config is None:        # the "none" entry: the plain transformer
+  rtype = RECURRENCES.get(r.type, "config field model.recurrence.type")
+  if rtype.config is None:        # the "none" entry: the plain transformer
     return None
   try:
     return recurrence_from_dict(r.to_dict())

@@ -369,19 +369,19 @@ def _log(run: _Run, step: int, window: list, elapsed: float, step_flops, bar) ->
 
 
 def _evaluate(run: _Run, step: int) -> None:
-  """The task's evaluation (exact, and the other views) at `step`: logged and said."""
+  """The task's evaluation (exact, and the other modes) at `step`: logged and said."""
   config, task, cfg, params = run.config, run.task, run.cfg, run.state.params
   if run.eval_batches is None:
     run.eval_batches = task.eval_batches(config)
   results = tasks_lib.run_eval(task, config, params, cfg, run.eval_batches, mesh=run.mesh)
   # the same batches with zero memory (what the recurrence adds) and, for language
-  # modelling, in the training view too: the views but exact (the last), done above
-  for view in runner.views(cfg, run.mode if task.train_views else None)[:-1]:
-    results[view] = tasks_lib.run_eval(task, config, params, cfg, run.eval_batches,
-                                       mode=view, mesh=run.mesh)
-  run.writer.write(step, results, kind="eval")
+  # modelling, in the training mode too: the modes but exact (the last), done above
+  for mode in runner.eval_modes(cfg, run.mode if task.train_views else None)[:-1]:
+    results[mode] = tasks_lib.run_eval(task, config, params, cfg, run.eval_batches,
+                                       mode=mode, mesh=run.mesh)
+  run.writer.write(step, results, record_type="eval")
   _say(f"step {step} eval (exact): " + _summary(results) + "".join(
-      f" | {view}: {_summary(v)}" for view, v in results.items() if isinstance(v, dict)))
+      f" | {mode}: {_summary(v)}" for mode, v in results.items() if isinstance(v, dict)))
 
 
 def _steps(run: _Run, cleanup: contextlib.ExitStack, progress: bool) -> dict:

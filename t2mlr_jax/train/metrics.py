@@ -61,10 +61,10 @@ class MetricsWriter:
     self._lines = keep
     paths.write_text(self.path, "".join(keep))
 
-  def write(self, step: int, metrics: Mapping, kind: str = "train") -> None:
+  def write(self, step: int, metrics: Mapping, record_type: str = "train") -> None:
     if not self.enabled:
       return
-    record = {"step": int(step), "kind": kind, **_to_json(metrics)}
+    record = {"step": int(step), "kind": record_type, **_to_json(metrics)}
     line = json.dumps(record) + "\n"
     if self._remote:
       self._lines.append(line)
@@ -72,7 +72,7 @@ class MetricsWriter:
     else:
       with self.path.open("a") as f:
         f.write(line)
-    for name, value in _scalars(metrics, f"{kind}/").items():
+    for name, value in _scalars(metrics, f"{record_type}/").items():
       self._tb.add_scalar(name, value, int(step))
     self._tb.flush()
 
@@ -92,11 +92,11 @@ def _to_json(value):
   return value
 
 
-def read_metrics(workdir: str, kind: Optional[str] = "train") -> list[dict]:
-  """The records of a run's metrics.jsonl (of one kind, or all with kind=None)."""
+def read_metrics(workdir: str, record_type: Optional[str] = "train") -> list[dict]:
+  """The records of a run's metrics.jsonl whose "kind" is `record_type` (all with None)."""
   text = (paths.resolve(workdir) / "metrics.jsonl").read_text()
   records = [json.loads(line) for line in text.splitlines() if line.strip()]
-  return [r for r in records if kind is None or r.get("kind") == kind]
+  return [r for r in records if record_type is None or r.get("kind") == record_type]
 
 
 class Progress:

@@ -29,10 +29,10 @@ def quiet_failed_reads() -> None:
   sys.unraisablehook = hook
   previous_excepthook = sys.excepthook
 
-  def excepthook(kind, value, traceback):
+  def excepthook(exc_type, value, traceback):
     if is_read_noise(value):
       return
-    previous_excepthook(kind, value, traceback)
+    previous_excepthook(exc_type, value, traceback)
   sys.excepthook = excepthook
 
 

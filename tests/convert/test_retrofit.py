@@ -65,7 +65,7 @@ def test_convert_cli_export_roundtrip(pretrained, tmp_path):
   convert_main(["--from-hf", model_dir, "--to", out, "--l_start", "1", "--l_end", "-2"])
   cfg, params = checkpoint.load(out)
   ref_cfg, ref = hf.from_hf(model_dir)
-  assert cfg.recurrent_block == (1, 2)
+  assert cfg.span == (1, 2)
   assert cfg.recurrence.gate_gain == 1e-2
   tokens = np.arange(12, dtype=np.int32)[None]
   np.testing.assert_allclose(forward(params, cfg, tokens, mode="exact"),

@@ -188,8 +188,8 @@ def test_non_recurrent_prompt_prefill_is_the_exact_prefill(model):
                                      recurrent_prompt=method_cf == 2)
   (lp, sp), (le, se) = outs[1], outs[2]
   np.testing.assert_allclose(lp, le, atol=1e-5)
-  np.testing.assert_allclose(sp.R, se.R, atol=1e-5)
-  assert float(jnp.abs(sp.R).max()) > 0             # the state is really written
+  np.testing.assert_allclose(sp.state, se.state, atol=1e-5)
+  assert float(jnp.abs(sp.state).max()) > 0             # the state is really written
   for a, b in zip(jax.tree.leaves(sp.kv), jax.tree.leaves(se.kv)):
     np.testing.assert_allclose(a, b, atol=1e-5)
 

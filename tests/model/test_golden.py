@@ -35,7 +35,7 @@ def test_config_mapped(golden):
   _, cfg, params = golden
   assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads) == (5, 48, 6, 3)
   assert cfg.rope_theta == 50000.0 and cfg.tie_embeddings
-  assert cfg.recurrent_block == (2, 3)
+  assert cfg.span == (2, 3)
   assert float(params["recurrence"]["gamma_rec"]) == pytest.approx(0.9)
 
 
@@ -63,7 +63,7 @@ def _official_name_grads(grads, cfg):
   """Our gradient tree under the official parameter names (transposed back to out x in)."""
   out = {}
   base = "t2mlr_model.model."
-  start, _ = cfg.recurrent_block
+  start, _ = cfg.span
   lin = {("attn", "q"): "self_attn.q_proj", ("attn", "k"): "self_attn.k_proj",
          ("attn", "v"): "self_attn.v_proj", ("attn", "o"): "self_attn.o_proj",
          ("mlp", "gate"): "mlp.gate_proj", ("mlp", "up"): "mlp.up_proj",

@@ -81,7 +81,7 @@ def test_cached_attention_token_by_token_equals_full_sequence(B):
     mask = attention_mask(slots[:, t:t + 1], valid_S)
     rope_t = rope_tables(cfg, positions[:, t:t + 1])
     y, cache = attn.apply({"params": params}, x[:, t:t + 1], rope_t, mask, cache, t,
-                          kv_kind="cache")
+                          kv_source="cache")
     ys.append(y)
   np.testing.assert_allclose(np.asarray(jnp.concatenate(ys, 1)), np.asarray(y_full),
                              atol=1e-6, rtol=1e-5)

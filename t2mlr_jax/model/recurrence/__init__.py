@@ -14,7 +14,7 @@ anywhere (a user's file: `--user_module`). "none" (`none.py`) is the model witho
                                       or None) adds per-layer parameters inside `Block`
     zero_state(cfg, B)                the state before the first token
     read(cfg, state, positions, slots)  the state a position sees (zero at a reset)
-    enter(params, cfg, h, state, cf)  how memory enters the residual stream at the first
+    enter(params, cfg, h, state, cf)  how the state enters the residual stream at the first
                                       layer of the recurrent span -> (h, stats)
     memory(cfg, state, cf)            what every layer of the span and above reads
                                       inside `Block` (None: no per-layer path)
@@ -36,7 +36,7 @@ Hooks a schedule uses where a type needs something of its own (None: declined):
                                       refinement passes' K/V refresh (LRT); declined:
                                       `kv_refresh` is refused for the type
 
-The span is `cfg.recurrent_block` (T2MLR: l_start..l_end; LRT: 0..source layer): the
+The span is `cfg.span` (T2MLR: l_start..l_end; LRT: 0..source layer): the
 layers that exact mode and decoding run token by token. Layers below it never see the
 recurrence and run in parallel once; layers above it see it through their input and
 `memory`, and run in parallel once the states are known.

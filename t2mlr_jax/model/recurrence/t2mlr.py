@@ -1,15 +1,15 @@
 """T2MLR's temporal pathway: what the recurrence reads, how it enters, what it carries.
 
-T2MLR (docs/models.md#t2mlr): the cache R_t (built at position t-1 from the output of layer
-l_end) is fused into the residual stream entering layer l_start,
+T2MLR (docs/models.md#t2mlr): the state R_t (built at position t-1 from the output of layer
+l_end; the paper's "cache") is fused into the residual stream entering layer l_start,
 
     r = W_rec R;  g = [h, r];  Φ(h, R) = h + tanh(γ_rec) σ(f_rec g) ⊙ r + tanh(γ_cur) σ(f_cur g) ⊙ h
 
-and after l_end the cache is rewritten (residual + clipped RMS scale at
+and after l_end the state is rewritten (residual + clipped RMS scale at
 recurrent positions, the raw output elsewhere). This module is T2MLR's side of the
 interface of `recurrence/__init__.py` (init_params, zero_state, read, enter, memory,
 carry, stats, layer_stats, scalars, value_embed_rows) and its hooks: `plain_state` (the
-release's Jacobi sweep 0 takes the raw span output as the first cache) and no
+release's Jacobi sweep 0 takes the raw span output as the first state) and no
 `refresh_kv`. Everything runs in fp32 whatever the compute dtype.
 """
 
@@ -44,13 +44,13 @@ class T2MLRConfig(RecurrenceConfig):
   default_schedule: ClassVar[str] = "jacobi"     # train.mode "auto"
   parallel_runs_mixer: ClassVar[bool] = False   # parallel mode: the plain transformer
   replaces_value_embeds: ClassVar[bool] = False
-  l_start: int = 1             # first layer of the recurrent block (0-based)
-  l_end: int = -2              # last layer of the block (inclusive; negative from the end)
-  residual: bool = True        # cache z = o_t + R_t at recurrent positions
+  l_start: int = 1             # first layer of the recurrent span (0-based)
+  l_end: int = -2              # last layer of the span (inclusive; negative from the end)
+  residual: bool = True        # state z = o_t + R_t at recurrent positions
   residual_detach: bool = True  # R_t under stop_gradient in that residual
   cache_norm: str = "clipped_rms"   # "clipped_rms", "rmsnorm" or "none"
   cache_norm_eps: float = 1e-6
-  cache_norm_clip: float = 5.0      # clipped_rms: clip of the normalised cache
+  cache_norm_clip: float = 5.0      # clipped_rms: clip of the normalised state
   gate_init: float = 0.5       # sigmoid gates start at this value (bias = logit)
   gate_gain: float = 1.0       # Xavier-normal gain of f_rec/f_cur (1e-2 for retrofit)
 
@@ -133,7 +133,7 @@ class T2MLRFusion(nn.Module):
   d_model: int
 
   @nn.compact
-  def __call__(self, h_BTD, R_BTD):
+  def __call__(self, h_BTD, prev_BTD):
     rcfg, D = self.rcfg, self.d_model
     gate_kernel = nn.initializers.variance_scaling(rcfg.gate_gain ** 2, "fan_avg", "normal")
     gate_bias = nn.initializers.constant(rcfg.gate_bias)
@@ -142,7 +142,7 @@ class T2MLRFusion(nn.Module):
     w_rec, _ = _LinearParams(D, _torch_linear_uniform, name="w_rec")(D)
     k_rec, b_rec = _LinearParams(D, gate_kernel, gate_bias, name="f_rec")(2 * D)
     k_cur, b_cur = _LinearParams(D, gate_kernel, gate_bias, name="f_cur")(2 * D)
-    r = matmul_fp32(R_BTD, w_rec, "t2mlr_w_rec")
+    r = matmul_fp32(prev_BTD, w_rec, "t2mlr_w_rec")
     g = jnp.concatenate([h_BTD, r], axis=-1)
     s = jax.nn.sigmoid(matmul_fp32(g, jnp.concatenate([k_rec, k_cur], axis=1), "t2mlr_gates")
                        + jnp.concatenate([b_rec, b_cur]))
@@ -162,7 +162,7 @@ def init_params(cfg: ModelConfig, rng) -> dict:
 
 
 def zero_state(cfg: ModelConfig, batch: int) -> jnp.ndarray:
-  """The recurrent state carried between tokens: one fp32 H-vector per sequence."""
+  """The recurrent state carried between tokens: one fp32 D-vector per sequence."""
   return jnp.zeros((batch, cfg.d_model), jnp.float32)
 
 
@@ -171,8 +171,8 @@ refresh_kv = None        # its memory never enters keys or values
 
 
 def read(cfg: ModelConfig, state_BTD, positions_BT, slots_BT=None):
-  """The cache a position reads: zero where the position id is 0 (a sequence or packed
-  segment starts)."""
+  """The state a position reads: zero where the position id is 0 (a sequence or packed
+  document starts)."""
   return jnp.where((positions_BT == 0)[..., None], 0.0, state_BTD)
 
 
@@ -180,12 +180,13 @@ def memory(cfg: ModelConfig, state_BTD, cf_BT):
   return None
 
 
-def enter(params, cfg: ModelConfig, h_BTD, R_BTD, cf_BT):
-  """Residual stream entering l_start: Φ(h, R) where cf == 2, h elsewhere; and the gates."""
+def enter(params, cfg: ModelConfig, h_BTD, prev_BTD, cf_BT):
+  """Residual stream entering l_start: Φ(h, R) (R = prev, the state read) where cf == 2, h
+  elsewhere; and the gates."""
   p = {k: v for k, v in params["recurrence"].items() if k != "cache_norm"}
   dtype = h_BTD.dtype
   h32 = h_BTD.astype(jnp.float32)
-  fused, gates = T2MLRFusion(cfg.recurrence, cfg.d_model).apply({"params": p}, h32, R_BTD)
+  fused, gates = T2MLRFusion(cfg.recurrence, cfg.d_model).apply({"params": p}, h32, prev_BTD)
   out = jnp.where((cf_BT == CF_RECURRENT)[..., None], fused, h32)
   return out.astype(dtype), gates
 
@@ -201,15 +202,15 @@ def _cache_norm(params, rcfg: T2MLRConfig, z):
   return z * jax.lax.stop_gradient(scale)
 
 
-def carry(params, cfg: ModelConfig, o_BTD, R_BTD, cf_BT):
-  """The cache each position leaves for the next one, from l_end's output o and the cache
-  R it read. cf 2: residual + norm of (o_t, R_t) (raw o_t when residual is off); cf 1:
-  raw o_t; cf 0 (padding): zeros."""
+def carry(params, cfg: ModelConfig, o_BTD, prev_BTD, cf_BT):
+  """The state each position leaves for the next one, from l_end's output o and the state
+  R_t = prev it read. cf 2: residual + norm of (o_t, R_t) (raw o_t when residual is off);
+  cf 1: raw o_t; cf 0 (padding): zeros."""
   rcfg = cfg.recurrence
   o = o_BTD.astype(jnp.float32)
   if rcfg.residual:
-    R = jax.lax.stop_gradient(R_BTD) if rcfg.residual_detach else R_BTD
-    z = _cache_norm(params["recurrence"], rcfg, o + R)
+    prev = jax.lax.stop_gradient(prev_BTD) if rcfg.residual_detach else prev_BTD
+    z = _cache_norm(params["recurrence"], rcfg, o + prev)
   else:
     z = o
   cf = cf_BT[..., None]
@@ -218,7 +219,7 @@ def carry(params, cfg: ModelConfig, o_BTD, R_BTD, cf_BT):
 
 def plain_state(cfg: ModelConfig, o_BTD, cf_BT):
   """Hook of the Jacobi schedule's sweep 0 (the release's): the span runs without the
-  fusion and its raw output, zero at padding, is the first cache."""
+  fusion and its raw output, zero at padding, is the first state."""
   return jnp.where((cf_BT == CF_PAD)[..., None], 0.0, o_BTD.astype(jnp.float32))
 
 

@@ -4,14 +4,14 @@ are ours), for any recurrence type.
 
 Pass 0 runs every position with every state zero and keeps, per layer, the keys (after
 RoPE and QK-norm, and any mixing the type does) and values of the whole sequence. Pass
-p = 1..S runs only its positions P_p (interleaved: t ≡ p−1 (mod S); chunked: the p-th
-of S contiguous chunks) through the recurrent span and the layers above, each reading the
-state its predecessor left in the merged states H; in every layer their fresh keys/values
-overwrite the buffer at those rows before their queries attend over the whole buffer, and
-their states overwrite H there. Layers below the span never see the recurrence: pass 0's
-outputs and keys serve every pass. Nothing is detached. The S passes together push each
-position through the model once, so a step costs about twice a plain one. S = T is the
-exact recurrence.
+p = 1..passes runs only its positions T_p (interleaved: t ≡ p−1 (mod passes); chunked:
+the p-th of `passes` contiguous chunks) through the recurrent span and the layers above,
+each reading the state its predecessor left in the merged `states`; in every layer their
+fresh keys/values overwrite the buffer at those rows before their queries attend over the
+whole buffer, and their states overwrite `states` there. Layers below the span never see
+the recurrence: pass 0's outputs and keys serve every pass. Nothing is detached. The
+passes together push each position through the model once, so a step costs about twice a
+plain one. passes = T is the exact recurrence.
 
 K/V refresh (option `kv_refresh`, a hook of the type: LRT's): before each pass p >= 1 the
 rows no pass has visited yet are re-projected from the memory the pass reads.
@@ -38,9 +38,10 @@ from t2mlr_jax.sharding import constrain_batch
 
 @dataclasses.dataclass(frozen=True)
 class PassOptions:
-  """S passes after pass 0 (interleaved: positions t ≡ p−1 mod S in pass p; chunked: S
-  contiguous chunks); kv_refresh: re-project not-yet-visited positions' feedback between
-  passes (a type whose memory enters keys and values, with the `refresh_kv` hook: LRT)."""
+  """`passes` passes after pass 0 (interleaved: positions t ≡ p−1 mod passes in pass p;
+  chunked: `passes` contiguous chunks); kv_refresh: re-project not-yet-visited positions'
+  feedback between passes (a type whose memory enters keys and values, with the
+  `refresh_kv` hook: LRT)."""
   passes: int = 2
   kv_refresh: bool = False
 
@@ -55,7 +56,7 @@ class PassOptions:
 
 
 def check_run(cfg: ModelConfig, options: dict, T: int) -> None:
-  """S <= T; kv_refresh only for a type with the `refresh_kv` hook."""
+  """passes <= T; kv_refresh only for a type with the `refresh_kv` hook."""
   if options["passes"] > T:
     raise ValueError(f"passes={options['passes']} is invalid: allowed 1 <= passes <= T={T} "
                      "(the sequence length)")
@@ -66,8 +67,9 @@ def check_run(cfg: ModelConfig, options: dict, T: int) -> None:
 
 
 def pass_positions(T: int, passes: int, mode: str = "interleaved") -> tuple:
-  """The positions of passes 1..S: interleaved, t ≡ p−1 (mod S) (uneven passes when
-  S ∤ T); chunked, S contiguous chunks in order (sizes differ by at most one)."""
+  """The positions of passes 1..passes: interleaved, t ≡ p−1 (mod passes) (uneven passes
+  when passes ∤ T); chunked, `passes` contiguous chunks in order (sizes differ by at most
+  one)."""
   if not 1 <= passes <= T:
     raise ValueError(f"passes={passes!r} is invalid: allowed 1 <= passes <= T={T} "
                      "(the sequence length)")
@@ -76,9 +78,9 @@ def pass_positions(T: int, passes: int, mode: str = "interleaved") -> tuple:
   return tuple(np.arange(p, T, passes) for p in range(passes))
 
 
-def _pass_stats(kind, cfg, span_stats, collected, cf_BT) -> dict:
+def _pass_stats(rtype, cfg, span_stats, collected, cf_BT) -> dict:
   """One pass's metrics (`enter`'s and the per-layer modules'), without gradient."""
-  stats = {**kind.stats(span_stats, cf_BT), **kind.layer_stats(collected, cfg)}
+  stats = {**rtype.stats(span_stats, cf_BT), **rtype.layer_stats(collected, cfg)}
   return jax.tree.map(jax.lax.stop_gradient, stats)
 
 
@@ -86,11 +88,11 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
                      kv_refresh: bool) -> ModeOut:
   """Pass 0 over every position, then one pass per position set in `sets`. ModeOut:
   merged logits [B, T, V] (each position from the last pass that computed it); aux:
-  pass_logits (pass 0 [B, T, V], pass p [B, |P_p|, V]), h_final [B, T, D] (the merged
+  pass_logits (pass 0 [B, T, V], pass p [B, |T_p|, V]), h_final [B, T, D] (the merged
   states after the last pass) and the type's metrics, position-weighted over passes
-  1..S (LRT: gate_means [L, 3], local / fb / ve; T2MLR: gate_rec, gate_cur)."""
+  1..pos (LRT: gate_means [L, 3], local / fb / ve; T2MLR: gate_rec, gate_cur)."""
   B, T = tokens_BT.shape
-  kind = recurrence.of(cfg)
+  rtype = recurrence.of(cfg)
   cf = inp.control_flow
   x0 = embed(params, cfg, tokens_BT)
   ctx = context(params, cfg, inp, tokens_BT, x0)._replace(collect=True)
@@ -99,7 +101,7 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
   segs = segments(params, cfg)
 
   # Pass 0: every position, every state zero; keep every layer's keys/values.
-  x, bufs, H, h_lo = x0, [], None, x0
+  x, bufs, states, h_lo = x0, [], None, x0
   for name, lo, _ in cfg.segments:
     if name == "middle":
       h_lo = x
@@ -107,7 +109,7 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
       out = run_span(params, cfg, segs[name], x, zero_states(cfg, B, T), ctx, cf,
                      memory=None if ctx.side is None else ctx.side.memory)
       x, (kv, _) = out.o, out.kv
-      H = constrain_batch(out.state)
+      states = constrain_batch(out.state)
       ctx = out.ctx
     else:
       x, (kv, _) = run_layers(segs[name][1], cfg, x, ctx, lo)
@@ -123,57 +125,57 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
   visited = np.zeros(T, bool)
 
   merged, pass_logits, acc = logits0, [logits0], None
-  for P in sets:
-    S = previous_states(cfg, H, inp.positions)
-    memory = kind.memory(cfg, S, cf)
+  for pos in sets:
+    prev = previous_states(cfg, states, inp.positions)
+    memory = rtype.memory(cfg, prev, cf)
     if kv_refresh:
-      buf, extras, old = kind.refresh_kv(params, cfg, ctx.rope, buf, extras, old, memory,
-                                         ~visited)
-    m_P = None if memory is None else memory[:, P]
-    cf_P = cf[:, P]
-    dist = (P[:, None] - np.arange(T)[None, :])[None]
-    side = side_inputs(params, cfg, x0[:, P], tokens_BT[:, P], dist, m_P)
-    per_layer = jax.tree.map(lambda a: a[:, :, P], ctx.per_layer)    # [L, B, |P|, ...]
-    pctx = LayerCtx(rope_tables(cfg, inp.positions[:, P]), ctx.mask[:, P], side, per_layer,
+      buf, extras, old = rtype.refresh_kv(params, cfg, ctx.rope, buf, extras, old, memory,
+                                          ~visited)
+    m_pos = None if memory is None else memory[:, pos]
+    cf_pos = cf[:, pos]
+    dist = (pos[:, None] - np.arange(T)[None, :])[None]
+    side = side_inputs(params, cfg, x0[:, pos], tokens_BT[:, pos], dist, m_pos)
+    per_layer = jax.tree.map(lambda a: a[:, :, pos], ctx.per_layer)    # [L, B, |T_p|, ...]
+    pctx = LayerCtx(rope_tables(cfg, inp.positions[:, pos]), ctx.mask[:, pos], side, per_layer,
                     collect=True)
-    x, new_bufs, collected = h_lo[:, P], [], []
+    x, new_bufs, collected = h_lo[:, pos], [], []
     for name, lo, hi in cfg.segments:
       layer_buf = jax.tree.map(lambda a: a[lo:hi], buf)
       if name == "lower":          # never sees the recurrence: pass 0's keys stand
         new_bufs.append(layer_buf)
         continue
       if name == "middle":
-        out = run_span(params, cfg, segs[name], x, S[:, P], pctx, cf_P, kvs=layer_buf,
-                       index=P, kv_kind="buffer", memory=m_P)
+        out = run_span(params, cfg, segs[name], x, prev[:, pos], pctx, cf_pos, kvs=layer_buf,
+                       index=pos, kv_source="buffer", memory=m_pos)
         x, (nb, coll), span_stats, pctx = out.o, out.kv, out.stats, out.ctx
-        H = constrain_batch(H.at[:, P].set(out.state))
+        states = constrain_batch(states.at[:, pos].set(out.state))
       else:
-        x, (nb, coll) = run_layers(segs[name][1], cfg, x, pctx, lo, layer_buf, P,
-                                   kv_kind="buffer")
+        x, (nb, coll) = run_layers(segs[name][1], cfg, x, pctx, lo, layer_buf, pos,
+                                   kv_source="buffer")
       new_bufs.append(nb)
       collected.append(coll)
     buf = jax.tree.map(lambda *a: jnp.concatenate(a), *new_bufs)
     lg = head(params, cfg, x)
     pass_logits.append(lg)
-    merged = merged.at[:, P].set(lg)
-    w = len(P) / T
-    stats = _pass_stats(kind, cfg, span_stats, collected, cf_P)
+    merged = merged.at[:, pos].set(lg)
+    w = len(pos) / T
+    stats = _pass_stats(rtype, cfg, span_stats, collected, cf_pos)
     acc = (jax.tree.map(lambda s: 0.0 + s * w, stats) if acc is None
            else jax.tree.map(lambda a, s: a + s * w, acc, stats))
-    visited[P] = True
-  return ModeOut(merged, {"pass_logits": tuple(pass_logits), "h_final": H, **acc})
+    visited[pos] = True
+  return ModeOut(merged, {"pass_logits": tuple(pass_logits), "h_final": states, **acc})
 
 
 def interleaved(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int,
                 kv_refresh: bool) -> ModeOut:
-  """The interleaved schedule (docs/lrt_training.md): pass p runs t ≡ p−1 (mod S)."""
+  """The interleaved schedule (docs/lrt_training.md): pass p runs t ≡ p−1 (mod passes)."""
   sets = pass_positions(tokens_BT.shape[1], passes, "interleaved")
   return refine_in_passes(params, cfg, tokens_BT, inp, sets, kv_refresh)
 
 
 def chunked(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, passes: int,
             kv_refresh: bool) -> ModeOut:
-  """The chunked baseline: pass c refines the c-th of S contiguous chunks, in order.
+  """The chunked baseline: pass c refines the c-th of `passes` contiguous chunks, in order.
 
   The same passes as `interleaved` over contiguous position sets. A chunk reads the
   merged states: the refined ones of the chunks before it, and pass 0's zero-state ones
@@ -194,40 +196,40 @@ def run_chunked(params, cfg, tokens_BT, inp, options: dict, hidden: bool = False
 
 
 def flops(costs, options: dict, sweeps=None) -> tuple[float, float]:
-  """Pass 0 over every layer, then the S passes whose queries cover each position once
+  """Pass 0 over every layer, then the `passes` passes whose queries cover each position once
   (attending over all T keys) from the span on; every pass keeps its gradient."""
   forward = costs.full + costs.refined
   return forward, forward
 
 
-def _pass_sets(labels_BT, options: dict, kind: str):
-  return pass_positions(labels_BT.shape[1], options["passes"], kind)
+def _pass_sets(labels_BT, options: dict, mode: str):
+  return pass_positions(labels_BT.shape[1], options["passes"], mode)
 
 
-def pass_loss(kind: str):
-  """(Σ_p mean CE of pass p over its own positions) / (S+1): pass 0 over every position,
+def pass_loss(mode: str):
+  """(Σ_p mean CE of pass p over its own positions) / (passes+1): pass 0 over every position,
   each pass's mean over its supervised positions (of `totals` when given)."""
   def loss(pass_logits, labels_BT, options: dict, totals=None):
     total = lambda i: None if totals is None else totals[i]
-    sets = _pass_sets(labels_BT, options, kind)
+    sets = _pass_sets(labels_BT, options, mode)
     losses = [cross_entropy(pass_logits[0], labels_BT, total=total(0))[0]]
-    losses += [cross_entropy(lg, labels_BT[:, P], total=total(i + 1))[0]
-               for i, (lg, P) in enumerate(zip(pass_logits[1:], sets))]
+    losses += [cross_entropy(lg, labels_BT[:, pos], total=total(i + 1))[0]
+               for i, (lg, pos) in enumerate(zip(pass_logits[1:], sets))]
     per_pass = jnp.stack(losses)
     return jnp.mean(per_pass), per_pass
   return loss
 
 
-def token_totals(kind: str):
-  """[S+1]: pass 0's supervised tokens over every position, then each pass's own."""
+def token_totals(mode: str):
+  """[passes+1]: pass 0's supervised tokens over every position, then each pass's own."""
   def totals(labels_BT, options: dict):
-    sets = _pass_sets(labels_BT, options, kind)
+    sets = _pass_sets(labels_BT, options, mode)
     return jnp.stack([jnp.sum(supervised(labels_BT))]
-                     + [jnp.sum(supervised(labels_BT[:, P])) for P in sets])
+                     + [jnp.sum(supervised(labels_BT[:, pos])) for pos in sets])
   return totals
 
 
-for _kind, _run in (("interleaved", run_interleaved), ("chunked", run_chunked)):
+for _mode, _run in (("interleaved", run_interleaved), ("chunked", run_chunked)):
   SCHEDULES.register(Schedule(
-      name=_kind, run=_run, flops=flops, options=PassOptions, check_run=check_run,
-      pass_loss=pass_loss(_kind), token_totals=token_totals(_kind), source=__name__))
+      name=_mode, run=_run, flops=flops, options=PassOptions, check_run=check_run,
+      pass_loss=pass_loss(_mode), token_totals=token_totals(_mode), source=__name__))

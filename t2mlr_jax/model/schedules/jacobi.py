@@ -24,8 +24,8 @@ from t2mlr_jax.model.sequence import (
   SeqInputs,
   context,
   logits,
-  run_block,
   run_segment,
+  run_segment_layers,
   segments,
   stacked,
 )
@@ -64,45 +64,46 @@ def _first_guess(params, cfg, span, h_lo, ctx, inp: SeqInputs):
   """Sweep 0: the states every position reads before any sweep."""
   hook = recurrence.of(cfg).plain_state
   if hook is not None:
-    o, _ = run_block(span, cfg, h_lo, ctx)
-    Z = hook(cfg, o, inp.control_flow)
+    o, _ = run_segment_layers(span, cfg, h_lo, ctx)
+    states = hook(cfg, o, inp.control_flow)
   else:
     B, T, _ = h_lo.shape
-    Z = run_span(params, cfg, span, h_lo, zero_states(cfg, B, T), ctx, inp.control_flow).state
-  return constrain_batch(previous_states(cfg, Z, inp.positions))
+    zero = zero_states(cfg, B, T)
+    states = run_span(params, cfg, span, h_lo, zero, ctx, inp.control_flow).state
+  return constrain_batch(previous_states(cfg, states, inp.positions))
 
 
-def _sweep(params, cfg, span, h_lo, S, ctx, inp: SeqInputs):
-  """One sweep: the span over all positions reading S; the states the next sweep reads."""
-  out = run_span(params, cfg, span, h_lo, S, ctx, inp.control_flow)
+def _sweep(params, cfg, span, h_lo, prev, ctx, inp: SeqInputs):
+  """One sweep: the span over all positions reading prev; the states the next sweep reads."""
+  out = run_span(params, cfg, span, h_lo, prev, ctx, inp.control_flow)
   return constrain_batch(previous_states(cfg, out.state, inp.positions))
 
 
-def _iterate(sweep, R, delta, max_sweeps, tol):
+def _iterate(sweep, prev, delta, max_sweeps, tol):
   """Up to `max_sweeps` sweeps (a fori_loop), or, with tol, at least one and fewer once
-  max|R_k - R_{k-1}| < tol (a while_loop). Returns (R, delta of the last sweep, sweeps
-  run)."""
+  max|prev_k - prev_{k-1}| < tol (a while_loop). Returns (prev, delta of the last sweep,
+  sweeps run)."""
   if tol is None:
     def body(_, carry):
-      R, _ = carry
-      R_new = sweep(R)
-      return R_new, _max_abs(R_new - R)
-    R, delta = jax.lax.fori_loop(0, max_sweeps, body, (R, delta))
-    return R, delta, jnp.asarray(max_sweeps, jnp.int32)
+      prev, _ = carry
+      prev_new = sweep(prev)
+      return prev_new, _max_abs(prev_new - prev)
+    prev, delta = jax.lax.fori_loop(0, max_sweeps, body, (prev, delta))
+    return prev, delta, jnp.asarray(max_sweeps, jnp.int32)
 
   def cond(carry):
     i, _, delta = carry
     return (i < max_sweeps) & (delta >= tol)
 
   def wbody(carry):
-    i, R, _ = carry
-    R_new = sweep(R)
-    return i + 1, R_new, _max_abs(R_new - R)
-  # The first sweep always runs: max|R_0| (sweep 0's cache against a zero one) says
+    i, prev, _ = carry
+    prev_new = sweep(prev)
+    return i + 1, prev_new, _max_abs(prev_new - prev)
+  # The first sweep always runs: max|prev_0| (sweep 0's states against zero ones) says
   # nothing about convergence, and stopping on it skipped every sweep for a loose tol.
-  n_run, R, delta = jax.lax.while_loop(
-      cond, wbody, (jnp.int32(0), R, jnp.full_like(delta, jnp.inf)))
-  return R, delta, n_run
+  n_run, prev, delta = jax.lax.while_loop(
+      cond, wbody, (jnp.int32(0), prev, jnp.full_like(delta, jnp.inf)))
+  return prev, delta, n_run
 
 
 def _frozen_context(ctx):
@@ -120,7 +121,7 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
            d_backward: int, jacobi_tol: Optional[float], hidden: bool = False) -> ModeOut:
   """Jacobi fixed-point training forward (logits and aux of ModeOut)."""
   sg = jax.lax.stop_gradient
-  kind = recurrence.of(cfg)
+  rtype = recurrence.of(cfg)
   cf = inp.control_flow
   # Unrolled over per-layer weights, the sweeps do not re-slice them; with a remat policy
   # the scanned block keeps XLA's peak memory 1.4-2x lower (S5 shape, remat="full").
@@ -134,59 +135,59 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
   n_free = d_forward - 1 - n_grad              # span sweeps without
 
   if d_backward == d_forward:                  # every sweep, sweep 0 included, has gradient
-    R = _first_guess(params, cfg, (first, p_mid), h_lo, ctx, inp)
+    prev = _first_guess(params, cfg, (first, p_mid), h_lo, ctx, inp)
   else:
-    R = sg(_first_guess(sg(params), cfg, (first, sg(p_mid)), sg(h_lo), ctx_sg, inp))
-  delta = _max_abs(R)
+    prev = sg(_first_guess(sg(params), cfg, (first, sg(p_mid)), sg(h_lo), ctx_sg, inp))
+  delta = _max_abs(prev)
 
   # No-gradient sweeps: stop-gradient inputs and parameters keep no activations.
   n_run = jnp.asarray(0, jnp.int32)
   if n_free:
     frozen_params, frozen_span, frozen_h = sg(params), (first, sg(p_mid)), sg(h_lo)
-    free = lambda R: _sweep(frozen_params, cfg, frozen_span, frozen_h, R, ctx_sg, inp)
-    R, delta, n_run = _iterate(free, R, delta, n_free, jacobi_tol)
-    R = sg(R)
+    free = lambda prev: _sweep(frozen_params, cfg, frozen_span, frozen_h, prev, ctx_sg, inp)
+    prev, delta, n_run = _iterate(free, prev, delta, n_free, jacobi_tol)
+    prev = sg(prev)
 
   # The last D_b sweeps carry gradient.
   if n_grad:
-    def gbody(R, _):
-      R_new = _sweep(params, cfg, (first, p_mid), h_lo, R, ctx, inp)
-      return R_new, _max_abs(R_new - R)
-    R, deltas = jax.lax.scan(gbody, R, None, length=n_grad)
+    def gbody(prev, _):
+      prev_new = _sweep(params, cfg, (first, p_mid), h_lo, prev, ctx, inp)
+      return prev_new, _max_abs(prev_new - prev)
+    prev, deltas = jax.lax.scan(gbody, prev, None, length=n_grad)
     delta = deltas[-1]
 
   # Final pass through the span and the layers above.
-  out = run_span(params, cfg, (first, p_mid), h_lo, R, ctx, cf)
+  out = run_span(params, cfg, (first, p_mid), h_lo, prev, ctx, cf)
   y, _ = run_segment(segs, cfg, "upper", out.o, out.ctx)
   aux = {"jacobi_residual": sg(delta),
          "jacobi_sweeps": 1 + n_run + n_grad,
-         **jax.tree.map(sg, kind.stats(out.stats, cf))}
+         **jax.tree.map(sg, rtype.stats(out.stats, cf))}
   return ModeOut(logits(params, cfg, y, False, hidden), aux)
 
 
 def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Optional[float],
                    last_only: bool = False) -> ModeOut:
-  """Exact parallel prefill [ours]: Jacobi sweeps until max|ΔR| < tol, capped at T
+  """Exact parallel prefill [ours]: Jacobi sweeps until max|Δprev| < tol, capped at T
   sweeps (exact by construction then). Same outputs as `exact`; aux: sweeps, residual."""
   T = tokens_BT.shape[1]
-  kind = recurrence.of(cfg)
+  rtype = recurrence.of(cfg)
   cf = inp.control_flow
   segs = segments(params, cfg, unrolled=("middle",))
   x0 = embed(params, cfg, tokens_BT)
   ctx = context(params, cfg, inp, tokens_BT, x0)
   h_lo, kv_lo = run_segment(segs, cfg, "lower", x0, ctx)
   span = segs["middle"]
-  R = _first_guess(params, cfg, span, h_lo, ctx, inp)
-  sweep = lambda R: _sweep(params, cfg, span, h_lo, R, ctx, inp)
-  R, delta, n_run = _iterate(sweep, R, _max_abs(R), T - 1, tol)
-  out = run_span(params, cfg, span, h_lo, R, ctx, cf)
+  prev = _first_guess(params, cfg, span, h_lo, ctx, inp)
+  sweep = lambda prev: _sweep(params, cfg, span, h_lo, prev, ctx, inp)
+  prev, delta, n_run = _iterate(sweep, prev, _max_abs(prev), T - 1, tol)
+  out = run_span(params, cfg, span, h_lo, prev, ctx, cf)
   kv_mid = stacked(out.kv)
   y, kv_up = run_segment(segs, cfg, "upper", out.o, out.ctx)
-  R_final = kind.carry(params, cfg, out.o[:, -1:], R[:, -1:], cf[:, -1:])[:, 0]
+  state_BD = rtype.carry(params, cfg, out.o[:, -1:], prev[:, -1:], cf[:, -1:])[:, 0]
   kvs = {k: v for k, v in (("lower", kv_lo), ("middle", kv_mid), ("upper", kv_up))
          if v is not None}
-  aux = {"jacobi_residual": delta, "jacobi_sweeps": 1 + n_run, **kind.stats(out.stats, cf)}
-  return ModeOut(logits(params, cfg, y, last_only), aux, kvs, R_final)
+  aux = {"jacobi_residual": delta, "jacobi_sweeps": 1 + n_run, **rtype.stats(out.stats, cf)}
+  return ModeOut(logits(params, cfg, y, last_only), aux, kvs, state_BD)
 
 
 def run(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, options: dict,
