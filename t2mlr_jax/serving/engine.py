@@ -282,6 +282,9 @@ class Engine:
     max_len = limit if max_len is None else max_len
     if not isinstance(max_len, int) or not 2 <= max_len <= limit:
       raise ValueError(f"max_len={max_len!r} is invalid: allowed 2..max_seq_len={limit}")
+    # on the device once, whatever the loader returned (a GGUF's are numpy arrays): a step
+    # given host arrays would copy every weight to the device at every token
+    params = jax.device_put(params)
     self.cfg, self.params = cfg, params
     self.max_batch, self.max_len = max_batch, max_len
     self.batch_buckets = _buckets(1, max_batch)

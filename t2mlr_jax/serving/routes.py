@@ -376,7 +376,7 @@ def _chat_prompt(server, messages) -> list[int]:
                    "messages")
   try:
     text = server.tok.tok.apply_chat_template(
-        [{"role": m.role, "content": m.content} for m in messages])
+        [{"role": m.role, "content": m.text} for m in messages])
   except Exception as e:  # noqa: BLE001 - the template's own message
     raise ApiError(400, f"the chat template refused the messages: {e}", "messages") \
         from None

@@ -105,10 +105,49 @@ class StreamOptions(BaseModel):
 Options = Annotated[Optional[StreamOptions], Allowed("an object")]
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class TextPart(BaseModel):
+  """One part of a message's content in OpenAI's list form; text is the only kind served."""
+  model_config = ConfigDict(extra="ignore")
+  type: Literal["text"]
+  text: StrictStr
+
+
 class Message(BaseModel):
+  """A chat turn: content a string or a list of text parts; null only on an assistant's."""
   model_config = ConfigDict(extra="ignore")
   role: StrictStr
-  content: StrictStr
+  content: Optional[Union[StrictStr, list[TextPart]]]
+
+  @field_validator("content", mode="before")
+  @classmethod
+  def _text_parts_only(cls, content):
+    for part in content if isinstance(content, list) else ():
+      part_type = part.get("type") if isinstance(part, dict) else None
+      if part_type != "text":
+        raise refuse(f"messages[].content part type={part_type!r} is not supported: allowed "
+                     "'text' (this model reads text only)", "messages")
+    return content
+
+  @model_validator(mode="after")
+  def _role_and_content(self):
+    if self.role not in ROLES:
+      raise refuse(f"messages[].role={self.role!r} is invalid: allowed one of {list(ROLES)}",
+                   "messages")
+    if self.content is None and self.role != "assistant":
+      raise refuse(f"messages[].content=None is invalid for role {self.role!r}: allowed a "
+                   "string or a list of text parts (null only on an assistant turn)",
+                   "messages")
+    return self
+
+  @property
+  def text(self) -> str:
+    """The content as one string (parts joined, as OpenAI concatenates them)."""
+    if self.content is None or isinstance(self.content, str):
+      return self.content or ""
+    return "".join(part.text for part in self.content)
 
 
 # ----------------------------------------------------------------------- request bodies
@@ -191,7 +230,7 @@ class ChatRequest(RequestBody):
   stream_options: Options = None
   stream: Flag = False
   messages: Annotated[list[Message], Field(min_length=1), Allowed(
-      "a non-empty list of {role, content} objects with string content",
+      "a non-empty list of {role, content} objects with string or text-part content",
       message="{name} is invalid: allowed {text}")]
 
   @field_validator("top_logprobs")

@@ -206,6 +206,19 @@ def test_nothing_compiles_after_warmup():
   assert compiles == []
 
 
+def test_host_parameters_are_put_on_the_device_once():
+  """A loader's numpy parameters (a GGUF's) live on the device in the engine, so a decode
+  step copies no weight from the host; the tokens equal those of device parameters."""
+  cfg, params = MODELS["t2mlr"]
+  host = jax.tree.map(np.asarray, params)
+  engine = Engine(cfg, host, max_batch=1, max_len=32)
+  assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(engine.params))
+  prompt = np.asarray(random_tokens(cfg, 1, 5, seed=4)[0])
+  tokens, _ = _run_alone(engine, prompt, 3)
+  ref, _ = _run_alone(Engine(cfg, params, max_batch=1, max_len=32), prompt, 3)
+  np.testing.assert_array_equal(tokens, ref)
+
+
 def test_a_model_without_a_decode_step_is_refused():
   lstm = LSTMConfig(vocab_size=16, d_model=8, n_layers=1)
   with pytest.raises(ValueError, match="no decode step"):
