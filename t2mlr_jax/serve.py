@@ -39,6 +39,12 @@ def main(argv=None):
     if model.value is None:
       raise ValueError("--model is required: allowed a GGUF file, a Hugging Face directory, an "
                        "export or a training workdir")
+    try:      # the optional extra, checked before anything loads
+      import fastapi  # noqa: F401
+      import uvicorn  # noqa: F401
+    except ImportError as e:
+      raise ValueError(f"{e}: the server needs FastAPI and uvicorn: "
+                       "pip install -e \".[serve]\"") from None
     # the library (and JAX) load once the flags parse: argument errors print at once
     from t2mlr_jax.serving.server import serve_model
     serve_model(model.value, step=step.value, tokenizer=tokenizer.value, dtype=dtype.value,

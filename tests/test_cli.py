@@ -105,6 +105,24 @@ def test_a_diverging_run_says_so_once_and_exits_3(tmp_path):
   assert "error: non-finite loss or gradient at step" in run.stderr
 
 
+@pytest.mark.parametrize("hidden,argv,install", [
+    ("fastapi", ["t2mlr_jax.serve", "--model=model.gguf"], '".[serve]"'),
+    ("lm_eval", ["t2mlr_jax.lm_eval", "--help"], '".[eval]"')], ids=["serve", "lm_eval"])
+def test_a_missing_extra_is_one_line_naming_its_install(hidden, argv, install):
+  """A command whose optional extra is not installed says which, in one line (exit 2),
+  before the library or JAX loads."""
+  code = (f"import runpy, sys\nsys.modules[{hidden!r}] = None\nsys.argv = {argv!r}\n"
+          "try:\n"
+          f"  runpy.run_module({argv[0]!r}, run_name='__main__', alter_sys=True)\n"
+          "except SystemExit as e:\n"
+          "  print(e.code, 'jax' in sys.modules)\n")
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert run.stdout.split() == ["2", "False"], (run.stdout, run.stderr[-2000:])
+  lines = run.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error:") and install in lines[0], lines
+
+
 @pytest.mark.parametrize("args", [
     ("t2mlr_jax.main",), ("t2mlr_jax.main", "--config=configs/nope.py"),
     ("t2mlr_jax.main", "--bogus=1"), ("t2mlr_jax.evaluate",),

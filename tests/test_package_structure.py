@@ -155,7 +155,7 @@ MAX_FUNCTION_IMPORTS = 15
 # an argument error prints before JAX loads (tests/test_cli.py checks that JAX stays
 # unloaded): there, and only there, the package's own modules are imported in a function.
 COMMANDS = {"t2mlr_jax.main", "t2mlr_jax.evaluate", "t2mlr_jax.compile", "t2mlr_jax.chat",
-            "t2mlr_jax.serve", "t2mlr_jax.convert.__main__"}
+            "t2mlr_jax.serve", "t2mlr_jax.lm_eval", "t2mlr_jax.convert.__main__"}
 
 
 def _function_level_imports(tree) -> list:
