@@ -31,6 +31,7 @@ from t2mlr_jax.serving.schemas import (
 try:        # the optional extra `serve` (pip install -e ".[serve]")
   from fastapi import APIRouter, Request
   from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+  from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as e:      # pragma: no cover - the message is the point
   raise ImportError(f"{e}: the server needs FastAPI and uvicorn: pip install -e \".[serve]\"") \
       from None
@@ -48,6 +49,20 @@ router = APIRouter()
 async def api_error(request: Request, e: ApiError) -> JSONResponse:
   """The exception handler: an ApiError answered in OpenAI's shape."""
   return e.response()
+
+
+HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
+
+
+async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+  """FastAPI's own errors (an unknown path: 404, a wrong method: 405) in OpenAI's shape
+  instead of {"detail": ...}."""
+  what = {404: f"{request.method} {request.url.path} does not exist: see /v1/models, "
+               "/v1/completions, /v1/chat/completions",
+          405: f"{request.method} is not allowed on {request.url.path}"}.get(
+              e.status_code, str(e.detail))
+  return ApiError(e.status_code, what, None, HTTP_ERROR_TYPES.get(
+      e.status_code, "invalid_request_error"), dict(e.headers or {})).response()
 
 
 async def guard(request: Request, call_next):
@@ -188,11 +203,24 @@ async def health(request: Request):
   return {"status": "ok", "model": server.name}
 
 
+def _model_card(server) -> dict:
+  return {"id": server.name, "object": "model", "created": server.created,
+          "owned_by": "t2mlr_jax"}
+
+
 @router.get("/v1/models")
 async def models(request: Request):
+  return {"object": "list", "data": [_model_card(request.app.state.server)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(request: Request, model_id: str):
+  """One model's card, as OpenAI's GET /v1/models/{model}; 404 naming the served one."""
   server = request.app.state.server
-  return {"object": "list", "data": [{"id": server.name, "object": "model",
-                                      "created": server.created, "owned_by": "t2mlr_jax"}]}
+  if model_id != server.name:
+    raise ApiError(404, f"model={model_id!r} does not exist: allowed {server.name!r}",
+                   "model", error_type="not_found_error")
+  return _model_card(server)
 
 
 @router.get("/tokenizer_info")

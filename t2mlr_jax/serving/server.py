@@ -1,7 +1,8 @@
 """A model served over HTTP with OpenAI's API (`python -m t2mlr_jax.serve --model=PATH`).
 
 Every source `loading` opens (GGUF, Hugging Face directory, export, training workdir),
-with its tokenizer. Routes: `GET /health`, `GET /v1/models`, `POST /v1/completions`,
+with its tokenizer. Routes: `GET /health`, `GET /v1/models` (and `/v1/models/{id}`),
+`POST /v1/completions`,
 `POST /v1/chat/completions` (both with `stream` as server-sent events), and the
 tokenizer routes lm-eval's remote tokenizer asks for (`GET /tokenizer_info`,
 `POST /tokenize`, `POST /detokenize`). Requests share the engine's decode slots
@@ -107,6 +108,7 @@ def create_app(server: Server) -> FastAPI:
   app = FastAPI(title="t2mlr_jax", docs_url=None, redoc_url=None)
   app.state.server = server
   app.add_exception_handler(ApiError, routes.api_error)
+  app.add_exception_handler(routes.StarletteHTTPException, routes.http_error)
   app.middleware("http")(routes.guard)
   app.include_router(routes.router)
   return app

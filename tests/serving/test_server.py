@@ -212,6 +212,24 @@ def test_openapi_documents_the_request_bodies(running):
     assert got == 400 and out["error"]["message"] == message, out
 
 
+def test_a_model_card_and_fastapis_own_errors_in_openais_shape(running):
+  """GET /v1/models/{id} as OpenAI answers it; an unknown path (404) and a wrong method
+  (405) are OpenAI error objects, not FastAPI's {"detail": ...}."""
+  def get(path):
+    status, text = running.get(path)
+    return status, json.loads(text)
+  name = get("/v1/models")[1]["data"][0]["id"]
+  got, card = get(f"/v1/models/{name}")
+  assert got == 200 and card["id"] == name and card["object"] == "model"
+  got, out = get("/v1/models/gpt-4")
+  assert got == 404 and out["error"]["param"] == "model", out
+  assert out["error"]["type"] == "not_found_error"
+  got, out = get("/v1/nowhere")
+  assert got == 404 and "GET /v1/nowhere does not exist" in out["error"]["message"], out
+  got, out = get("/v1/completions")
+  assert got == 405 and out["error"]["message"] == "GET is not allowed on /v1/completions"
+
+
 def test_a_body_over_the_limit_is_refused_before_it_is_read(running):
   """A Content-Length over the limit is answered 413 at once: the body is never read
   (the client here sends none of it)."""
