@@ -105,20 +105,26 @@ def test_a_diverging_run_says_so_once_and_exits_3(tmp_path):
   assert "error: non-finite loss or gradient at step" in run.stderr
 
 
+def _exit_of(argv, prelude=""):
+  """A command run as `python -m argv[0] argv[1:]` after `prelude`, in a fresh process: its
+  stdout says the exit status, whether JAX and whether the model package were imported."""
+  code = (f"import runpy, sys\n{prelude}sys.argv = {argv!r}\n"
+          "try:\n"
+          f"  runpy.run_module({argv[0]!r}, run_name='__main__', alter_sys=True)\n"
+          "except SystemExit as e:\n"
+          "  print(e.code, 'jax' in sys.modules, 't2mlr_jax.model' in sys.modules)\n")
+  return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        cwd=ROOT, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
 @pytest.mark.parametrize("hidden,argv,install", [
     ("fastapi", ["t2mlr_jax.serve", "--model=model.gguf"], '".[serve]"'),
     ("lm_eval", ["t2mlr_jax.lm_eval", "--help"], '".[eval]"')], ids=["serve", "lm_eval"])
 def test_a_missing_extra_is_one_line_naming_its_install(hidden, argv, install):
   """A command whose optional extra is not installed says which, in one line (exit 2),
   before the library or JAX loads."""
-  code = (f"import runpy, sys\nsys.modules[{hidden!r}] = None\nsys.argv = {argv!r}\n"
-          "try:\n"
-          f"  runpy.run_module({argv[0]!r}, run_name='__main__', alter_sys=True)\n"
-          "except SystemExit as e:\n"
-          "  print(e.code, 'jax' in sys.modules)\n")
-  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert run.stdout.split() == ["2", "False"], (run.stdout, run.stderr[-2000:])
+  run = _exit_of(argv, f"sys.modules[{hidden!r}] = None\n")
+  assert run.stdout.split() == ["2", "False", "False"], (run.stdout, run.stderr[-2000:])
   lines = run.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error:") and install in lines[0], lines
 
@@ -136,14 +142,6 @@ def test_a_missing_extra_is_one_line_naming_its_install(hidden, argv, install):
 def test_argument_errors_come_before_jax_loads(tmp_path, args):
   """A command's argument errors (a missing or unknown flag, a missing config file) print
   before the library and JAX load (seconds on a busy machine): exit 2, JAX not imported."""
-  module, argv = args[0], [args[0], *args[1:]]
-  code = ("import runpy, sys\n"
-          f"sys.argv = {argv!r}\n"
-          "try:\n"
-          f"  runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
-          "except SystemExit as e:\n"
-          "  print(e.code, 'jax' in sys.modules, 't2mlr_jax.model' in sys.modules)\n")
-  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  run = _exit_of(list(args))
   assert run.stdout.split() == ["2", "False", "False"], (run.stdout, run.stderr[-2000:])
   assert "error" in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]
