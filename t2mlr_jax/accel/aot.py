@@ -228,7 +228,7 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
   check_batch(t.batch_size, k, mesh)
   family = family_of(cfg)
   cfg = family.for_devices(cfg, devices)
-  tx, schedule = make_optimizer(config.optimizer, t.num_steps, cfg)
+  tx, schedule = make_optimizer(config_lib.optimizer_config(config), t.num_steps, cfg)
   state = abstract_state(cfg, tx)
   shardings = state_shardings(cfg, tx, mesh)
   replicated, total = sharding.replicated_bytes(state, shardings)

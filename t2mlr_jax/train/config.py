@@ -36,7 +36,7 @@ from t2mlr_jax.registry import (
   schedule_option_defaults,
 )
 from t2mlr_jax.train.data_configs import DATA_CONFIGS, DataConfig
-from t2mlr_jax.train.optimizer import OptimizerConfig
+from t2mlr_jax.train.optimizer import OptimizerConfig, as_optimizer_config
 
 # Fields a resumed run may change; any other difference is refused.
 RESUME_MUTABLE = ("model.attention", "train.stop_after_steps", "train.resume_step",
@@ -114,7 +114,7 @@ def train_config(config) -> TrainConfig:
 
 def optimizer_config(config) -> OptimizerConfig:
   """The typed, checked `optimizer` group."""
-  return _typed(OptimizerConfig, config.optimizer)
+  return as_optimizer_config(config.optimizer)
 
 
 def data_config(config):

@@ -245,7 +245,7 @@ def _setup(config, workdir: str) -> _Run:
   mesh = sharding.make_mesh(dict(config.mesh), model_width=getattr(cfg, "d_model", None))
   check_batch(t.batch_size, t.get("grad_accum_steps", 1), mesh)
   mode = config_lib.train_mode(config, cfg)
-  tx, schedule = make_optimizer(config.optimizer, t.num_steps, cfg)
+  tx, schedule = make_optimizer(config_lib.optimizer_config(config), t.num_steps, cfg)
   is_main = jax.process_index() == 0
   _prepare_workdir(workdir, t.get("resume_step"), is_main)
   return _Run(config, workdir, task, cfg, mode, mesh, tx, schedule, is_main)
