@@ -1,18 +1,19 @@
 """The server's routes (an APIRouter): each handler reads the Server from
 `request.app.state.server`, reads the body and checks it as its pydantic model
 (schemas.py: a 400 in OpenAI's shape, not FastAPI's 422; the model documents the body in
-/openapi.json), hands its jobs to the scheduler and answers in OpenAI's shape, as one
-JSON body or as server-sent events."""
+/openapi.json), hands its jobs (one a sample: n a prompt) to the scheduler and answers in
+OpenAI's shape, as one JSON body or as server-sent events (events.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import dataclasses
 import json
 import os
 import time
 import uuid
 
+from t2mlr_jax.serving import events
 from t2mlr_jax.serving.scheduler import Job, QueueFull
 from t2mlr_jax.serving.schemas import (
   MAX_BODY_BYTES,
@@ -22,14 +23,17 @@ from t2mlr_jax.serving.schemas import (
   DetokenizeRequest,
   Settings,
   TokenizeRequest,
+  model_not_found,
   openapi_body,
   parsed,
   prompts_of,
+  sample_seeds,
   settings_of,
 )
 
 try:        # the optional extra `serve` (pip install -e ".[serve]")
   from fastapi import APIRouter, Request
+  from fastapi.exceptions import RequestValidationError
   from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
   from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as e:      # pragma: no cover - the message is the point
@@ -65,6 +69,15 @@ async def http_error(request: Request, e: StarletteHTTPException) -> JSONRespons
       e.status_code, "invalid_request_error"), dict(e.headers or {})).response()
 
 
+async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+  """FastAPI's own validation errors (its 422) as OpenAI's 400 naming the field."""
+  err = (e.errors() or [{}])[0]
+  loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+  param = loc[0] if loc else None
+  return ApiError(400, f"{'.'.join(loc) or 'the request'} is invalid: "
+                  f"{err.get('msg', 'see the API')}", param).response()
+
+
 async def guard(request: Request, call_next):
   """The middleware: the API key (all but /health) and the body's declared size."""
   server = request.app.state.server
@@ -93,17 +106,17 @@ async def body_of(request: Request, server) -> dict:
     raise ApiError(400, f"the request body is not valid JSON: {e}") from None
   if not isinstance(body, dict):
     raise ApiError(400, "the request body is invalid: allowed a JSON object")
-  model = body.get("model", server.name)
-  if model != server.name:
-    raise ApiError(404, f"model={model!r} does not exist: allowed {server.name!r}",
-                   "model", error_type="not_found_error")
+  model = body.get("model")
+  if model is not None and model != server.name:      # none: the served one (as vLLM)
+    raise model_not_found(model, server.name)
   return body
 
 
 async def request_of(request: Request, server, model):
   """The body as a checked `model` (schemas.py); 413/400/404 as body_of, 400 naming the
   first invalid field."""
-  return parsed(model, await body_of(request, server), server.engine.max_len)
+  return parsed(model, await body_of(request, server), server.engine.max_len,
+                server.engine.max_batch)
 
 
 def submit(server, jobs: list) -> None:
@@ -115,77 +128,34 @@ def submit(server, jobs: list) -> None:
                    "shortly", error_type="rate_limit_error", headers={"Retry-After": "1"}) from None
 
 
-def check_lengths(server, prompts, settings: Settings) -> None:
-  """Each prompt non-empty, its ids in the vocabulary, and it + max_tokens in the context."""
+def check_lengths(server, prompts, settings: Settings, param: str = "prompt") -> None:
+  """Each prompt non-empty, its ids in the vocabulary, shorter than the context (a 400
+  naming `param`: prompt, or messages), and it + max_tokens in the context."""
+  limit = server.engine.max_len
+  what = "the prompt" if param == "prompt" else "the messages (through the chat template)"
   for ids in prompts:
     if not ids:
-      raise ApiError(400, "the prompt is empty: allowed at least one token", "prompt")
+      raise ApiError(400, "the prompt is empty: allowed at least one token", param)
     bad = [t for t in ids if not 0 <= t < server.cfg.vocab_size]
     if bad:
       raise ApiError(400, f"prompt token id {bad[0]} is invalid: allowed 0.."
-                     f"{server.cfg.vocab_size - 1}", "prompt")
-    if len(ids) + settings.max_tokens > server.engine.max_len:
-      raise ApiError(400, f"the prompt's {len(ids)} tokens + max_tokens="
-                     f"{settings.max_tokens} exceed the context of "
-                     f"{server.engine.max_len} tokens", "max_tokens")
+                     f"{server.cfg.vocab_size - 1}", param)
+    if len(ids) >= limit:
+      raise ApiError(400, f"{what} has {len(ids)} tokens: allowed at most {limit - 1} (the "
+                     f"context of {limit} tokens, --max_len, holds the prompt and at least "
+                     "one generated token)", param)
+    if len(ids) + settings.max_tokens > limit:
+      raise ApiError(400, f"{what} has {len(ids)} tokens + max_tokens={settings.max_tokens}: "
+                     f"more than the context of {limit} tokens: allowed max_tokens <= "
+                     f"{limit - len(ids)}", "max_tokens")
 
 
-# ----------------------------------------------------------------------- job events
-
-async def _collect(server, job: Job, on_piece=None):
-  """Read a job's events: (prompt scores, generated ids, their TokenOuts, text, finish
-  reason), calling on_piece(text, out) with each piece of text as it becomes final."""
-  ids, outs, scores, sent, reason = [], [], None, "", None
-  stops = job.settings.stop
-  hold = max((len(s) for s in stops), default=1) - 1
-  while True:
-    event, value = await job.events.get()
-    if event == "prompt":
-      scores = value
-    elif event == "error":
-      raise ApiError(400, value, "prompt")
-    elif event == "done":
-      reason = {"cancelled": "stop"}.get(value, value)
-      break
-    else:
-      ids.append(value.token)
-      outs.append(value)
-      text = server.tok.decode(ids)
-      cut = min((text.find(s) for s in stops if s in text), default=-1)
-      if cut >= 0:                    # a stop string: end here, free the slot
-        job.cancelled.set()
-        text, reason = text[:cut], "stop"
-      if text.endswith("\ufffd"):     # an incomplete UTF-8 character: wait
-        continue
-      final = text if cut >= 0 else text[:max(len(sent), len(text) - hold)]
-      if on_piece is not None and len(final) > len(sent):
-        await on_piece(final[len(sent):], value)
-      sent = final
-      if cut >= 0:
-        break
-  text = server.tok.decode(ids)
-  cut = min((text.find(s) for s in stops if s in text), default=-1)
-  text = text[:cut] if cut >= 0 else text
-  if on_piece is not None and len(text) > len(sent):
-    await on_piece(text[len(sent):], None)
-  return scores, ids, outs, text, reason
-
-
-def _sse(data: dict) -> str:
-  return f"data: {json.dumps(data)}\n\n"
-
-
-async def _drain(queue: asyncio.Queue, done: asyncio.Future):
-  """The queue's chunks as server-sent events, as they come, until `done` (the jobs'
-  readers) has finished and the queue is empty."""
-  while not (done.done() and queue.empty()):
-    getter = asyncio.ensure_future(queue.get())
-    await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
-    if getter.done():
-      yield _sse(getter.result())
-    else:
-      getter.cancel()
-
+def jobs_of(prompts, settings: Settings, loop) -> list:
+  """n jobs a prompt (prompt-major: OpenAI's choice indexes), each sample its own seed
+  (and, in the engine, its own slot and recurrent state)."""
+  seeds = sample_seeds(settings.sampling.seed, settings.n)
+  return [Job(ids, dataclasses.replace(settings, sampling=dataclasses.replace(
+      settings.sampling, seed=seed)), loop) for ids in prompts for seed in seeds]
 
 
 # ----------------------------------------------------------------------- small routes
@@ -218,8 +188,7 @@ async def model(request: Request, model_id: str):
   """One model's card, as OpenAI's GET /v1/models/{model}; 404 naming the served one."""
   server = request.app.state.server
   if model_id != server.name:
-    raise ApiError(404, f"model={model_id!r} does not exist: allowed {server.name!r}",
-                   "model", error_type="not_found_error")
+    raise model_not_found(model_id, server.name)
   return _model_card(server)
 
 
@@ -274,89 +243,42 @@ async def completions(request: Request):
   settings = settings_of(req, server)
   prompts = prompts_of(req.prompt, server.tok, server.add_bos)
   check_lengths(server, prompts, settings)
-  loop = asyncio.get_running_loop()
-  jobs = [Job(ids, settings, loop) for ids in prompts]
+  jobs = jobs_of(prompts, settings, asyncio.get_running_loop())
   submit(server, jobs)
   rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+  prompt_tokens = sum(len(ids) for ids in prompts)
   if settings.stream:
-    return StreamingResponse(_completion_events(server, jobs, rid, created),
+    return StreamingResponse(events.completion_stream(server, jobs, rid, created,
+                                                      prompt_tokens),
                              media_type="text/event-stream")
+  results = await _gathered(server, jobs)
+  choices = [_completion_choice(server, settings, i, job.ids, result)
+             for i, (job, result) in enumerate(zip(jobs, results))]
+  return {"id": rid, "object": "text_completion", "created": created,
+          "model": server.name, "choices": choices,
+          "usage": events.usage(prompt_tokens, sum(len(r.tokens) for r in results))}
+
+
+async def _gathered(server, jobs: list) -> list:
+  """Every job's Result; the jobs' slots freed however it ends."""
   try:
-    results = await asyncio.gather(*(_collect(server, job) for job in jobs))
+    return await asyncio.gather(*(events.collect(server, job) for job in jobs))
   finally:
     for job in jobs:
       job.cancelled.set()
-  choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0}
-  for i, ((scores, gen, outs, text, reason), ids) in enumerate(zip(results, prompts)):
-    choices.append(_completion_choice(server, settings, i, ids, scores, gen, outs, text,
-                                      reason))
-    usage["prompt_tokens"] += len(ids)
-    usage["completion_tokens"] += len(gen)
-  usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-  return {"id": rid, "object": "text_completion", "created": created,
-          "model": server.name, "choices": choices, "usage": usage}
 
 
-def _completion_choice(server, settings: Settings, i, ids, scores, gen, outs, text,
-                       reason) -> dict:
-  """One prompt's choice: its text (after the prompt with echo) and `logprobs` object."""
-  n = settings.logprobs
-  logprobs = None
+def _completion_choice(server, settings: Settings, i: int, ids, result) -> dict:
+  """One sample's choice: its text (after the prompt with echo) and `logprobs` object."""
+  n, logprobs = settings.logprobs, None
   if n is not None:
-    gen_part = server.logprob_entries(gen, [o.logprob for o in outs],
-                                      [(o.top_ids, o.top_logprobs) for o in outs], n)
-    if settings.echo:
-      head = server.logprob_entries(
-          ids, scores.logprobs, list(zip(scores.top_ids, scores.top_logprobs)), n,
-          first_none=True)
-      logprobs = {k: head[k] + gen_part[k] for k in ("tokens", "token_logprobs",
-                                                     "top_logprobs")}
-      shift = sum(len(t) for t in head["tokens"])
-      logprobs["text_offset"] = head["text_offset"] + [o + shift for o in
-                                                       gen_part["text_offset"]]
-    else:
-      logprobs = gen_part
+    head = events.prompt_logprobs(server, n, ids, result.scores) if settings.echo else None
+    at = 0 if head is None else events.end_of(head, 0)
+    logprobs = events.token_logprobs(server, n, result.tokens, result.outs, at)
+    logprobs = logprobs if head is None else events.joined(head, logprobs)
   prefix = server.tok.decode(ids) if settings.echo else ""
-  return {"text": prefix + text, "index": i, "logprobs": logprobs,
-          "finish_reason": reason}
-
-
-async def _completion_events(server, jobs: list, rid: str, created: int):
-  """The completions' chunks as server-sent events, every prompt's as they come; the
-  client leaving frees the slots."""
-  queue: asyncio.Queue = asyncio.Queue()
-  usage = [0, 0]
-
-  def chunk(i, text, reason=None):
-    return {"id": rid, "object": "text_completion", "created": created,
-            "model": server.name, "choices": [
-                {"text": text, "index": i, "logprobs": None, "finish_reason": reason}]}
-
-  async def run(i, job):
-    async def piece(text, out):
-      await queue.put(chunk(i, text))
-    try:
-      _, gen, _, _, reason = await _collect(server, job, piece)
-      usage[0] += len(job.ids)
-      usage[1] += len(gen)
-      await queue.put(chunk(i, "", reason))
-    except ApiError as e:
-      await queue.put({"error": {"message": e.message, "type": e.error_type}})
-  tasks = [asyncio.create_task(run(i, job)) for i, job in enumerate(jobs)]
-  try:
-    async for event in _drain(queue, asyncio.gather(*tasks)):
-      yield event
-    if jobs[0].settings.include_usage:
-      yield _sse({"id": rid, "object": "text_completion", "created": created,
-                  "model": server.name, "choices": [], "usage": {
-                      "prompt_tokens": usage[0], "completion_tokens": usage[1],
-                      "total_tokens": sum(usage)}})
-    yield "data: [DONE]\n\n"
-  finally:                          # the client left: free the slots
-    for job in jobs:
-      job.cancelled.set()
-    for t in tasks:
-      t.cancel()
+  return {"text": prefix + result.text, "index": i, "logprobs": logprobs,
+          "finish_reason": result.reason}
 
 
 # ----------------------------------------------------------------------- chat completions
@@ -369,31 +291,22 @@ async def chat_completions(request: Request):
   ids = _chat_prompt(server, req.messages)
   if settings.max_tokens is None:               # as OpenAI: what the context has room for
     settings.max_tokens = max(server.engine.max_len - len(ids), 1)
-  check_lengths(server, [ids], settings)
-  job = Job(ids, settings, asyncio.get_running_loop())
-  submit(server, [job])
+  check_lengths(server, [ids], settings, "messages")
+  jobs = jobs_of([ids], settings, asyncio.get_running_loop())
+  submit(server, jobs)
   rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-  chunk = functools.partial(_chat_chunk, server.name, rid, created)
   if settings.stream:
-    return StreamingResponse(_chat_events(server, job, chunk),
+    return StreamingResponse(events.chat_stream(server, jobs, rid, created, len(ids)),
                              media_type="text/event-stream")
-  try:
-    _, gen, outs, text, reason = await _collect(server, job)
-  finally:
-    job.cancelled.set()
-  logprobs = None
-  if settings.logprobs is not None:
-    n = settings.logprobs
-    logprobs = {"content": [
-        {"token": server.token_text(t), "logprob": o.logprob,
-         "top_logprobs": [{"token": server.token_text(int(i)), "logprob": float(lp)}
-                          for i, lp in zip(o.top_ids[:n], o.top_logprobs[:n])]}
-        for t, o in zip(gen, outs)]}
+  results = await _gathered(server, jobs)
+  n = settings.logprobs
+  choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
+              "logprobs": None if n is None else events.chat_logprobs(server, n, r.tokens,
+                                                                      r.outs),
+              "finish_reason": r.reason} for i, r in enumerate(results)]
   return {"id": rid, "object": "chat.completion", "created": created, "model": server.name,
-          "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                       "logprobs": logprobs, "finish_reason": reason}],
-          "usage": {"prompt_tokens": len(ids), "completion_tokens": len(gen),
-                    "total_tokens": len(ids) + len(gen)}}
+          "choices": choices,
+          "usage": events.usage(len(ids), sum(len(r.tokens) for r in results))}
 
 
 def _chat_prompt(server, messages) -> list[int]:
@@ -409,38 +322,3 @@ def _chat_prompt(server, messages) -> list[int]:
     raise ApiError(400, f"the chat template refused the messages: {e}", "messages") \
         from None
   return server.tok.encode(text, False)
-
-
-def _chat_chunk(name: str, rid: str, created: int, delta: dict, reason=None) -> dict:
-  return {"id": rid, "object": "chat.completion.chunk", "created": created,
-          "model": name, "choices": [{"index": 0, "delta": delta,
-                                      "logprobs": None, "finish_reason": reason}]}
-
-
-async def _chat_events(server, job: Job, chunk):
-  """The chat completion's chunks as server-sent events; the client leaving frees the
-  slot."""
-  queue: asyncio.Queue = asyncio.Queue()
-  ids, settings = job.ids, job.settings
-
-  async def piece(text, out):
-    await queue.put(chunk({"content": text}))
-  task = asyncio.ensure_future(_collect(server, job, piece))
-  try:
-    yield _sse(chunk({"role": "assistant", "content": ""}))
-    async for event in _drain(queue, task):
-      yield event
-    try:
-      gen, reason = task.result()[1], task.result()[4]
-    except ApiError as e:
-      yield _sse({"error": {"message": e.message, "type": e.error_type}})
-      return
-    yield _sse(chunk({}, reason))
-    if settings.include_usage:
-      yield _sse({**chunk({}), "choices": [], "usage": {
-          "prompt_tokens": len(ids), "completion_tokens": len(gen),
-          "total_tokens": len(ids) + len(gen)}})
-    yield "data: [DONE]\n\n"
-  finally:
-    job.cancelled.set()
-    task.cancel()

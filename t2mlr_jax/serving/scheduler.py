@@ -74,15 +74,17 @@ class Scheduler:
     job.emit("done", reason)
 
   def _emit_token(self, row: Optional[int], job: Job, out) -> bool:
-    """Hand a token to its job; True when the job is finished (its slot freed)."""
+    """Hand a token to its job ("eos" for the end of sequence, which ends it: its entry
+    and count, not its text); True when the job is finished (its slot freed)."""
     job.produced += 1
     if job.produced == 1:
       self.ttft_sum += time.perf_counter() - job.submitted
       self.stats["first_tokens"] += 1
+    self.stats["tokens_total"] += 1
     if self.eos_id is not None and out.token == self.eos_id:
+      job.emit("eos", out)
       self._finish(row, job, "stop")
       return True
-    self.stats["tokens_total"] += 1
     job.emit("token", out)
     if job.produced >= job.settings.max_tokens:
       self._finish(row, job, "length")
@@ -90,6 +92,8 @@ class Scheduler:
     return False
 
   def _admit(self) -> None:
+    """Queued jobs into free slots; the samples of one prompt (n > 1) share its prefill."""
+    last = None
     while self.pending and self.engine.active() < self.engine.max_batch:
       with self.wake:
         job = self.pending.popleft()
@@ -98,8 +102,11 @@ class Scheduler:
         continue
       s = job.settings
       try:
-        pre, scores = self.engine.prefill(job.ids, control_flow=s.prompt_cf,
-                                          max_tokens=s.max_tokens, echo=s.echo)
+        key = (tuple(job.ids), s.prompt_cf, s.max_tokens, s.echo)
+        if last is None or last[0] != key:
+          last = (key, self.engine.prefill(job.ids, control_flow=s.prompt_cf,
+                                           max_tokens=s.max_tokens, echo=s.echo))
+        pre, scores = last[1]
         if scores is not None:
           job.emit("prompt", scores)
         row, first = self.engine.insert(job, pre, s.max_tokens, control_flow=s.gen_cf,

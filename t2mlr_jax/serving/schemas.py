@@ -9,6 +9,8 @@ import typing
 import uuid
 from typing import Annotated, Literal, Optional, Union
 
+import numpy as np
+
 from t2mlr_jax.data.tokenizer import TokenizerView
 from t2mlr_jax.model.control_flow import CF_PLAIN, CF_RECURRENT
 from t2mlr_jax.serving.engine import TOP_LOGPROBS, Sampling
@@ -42,16 +44,25 @@ class ApiError(Exception):
   """An error answered in OpenAI's shape: {"error": {message, type, param, code}}."""
 
   def __init__(self, status: int, message: str, param: Optional[str] = None,
-               error_type: str = "invalid_request_error", headers: Optional[dict] = None):
+               error_type: str = "invalid_request_error", headers: Optional[dict] = None,
+               code: Optional[str] = None):
     super().__init__(message)
     self.status, self.message, self.param = status, message, param
-    self.error_type = error_type
+    self.error_type, self.code = error_type, code
     self.headers = headers or {}
 
+  def body(self) -> dict:
+    return {"error": {"message": self.message, "type": self.error_type, "param": self.param,
+                      "code": self.code}}
+
   def response(self) -> JSONResponse:
-    return JSONResponse({"error": {"message": self.message, "type": self.error_type,
-                                   "param": self.param, "code": None}},
-                        status_code=self.status, headers=self.headers)
+    return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def model_not_found(model, served: str) -> ApiError:
+  """OpenAI's answer to a model it does not serve: 404, code model_not_found."""
+  return ApiError(404, f"model={model!r} does not exist: allowed {served!r}", "model",
+                  code="model_not_found")
 
 
 # ----------------------------------------------------------------------- field types
@@ -64,7 +75,7 @@ class Allowed:
   text: str
   in_range: Optional[str] = None
   message: str = "{name}={value!r} is invalid: allowed {text}"
-  missing: Optional[str] = None
+  missing: str = "{name} is required: allowed {text}"
 
   def __get_pydantic_json_schema__(self, core_schema, handler):
     schema = handler(core_schema)
@@ -86,7 +97,8 @@ TopK = Annotated[StrictInt, Field(ge=0),
 Seed = Annotated[Optional[StrictInt], Allowed("an integer")]
 Stop = Annotated[Union[StrictStr, list], Field(default_factory=list),
                  Allowed("a string or a list of up to 4 strings")]
-N = Annotated[StrictInt, Field(ge=1, le=1), Allowed("1")]
+N = Annotated[StrictInt, Field(ge=1), Allowed("an integer >= 1 (at most --max_batch)",
+                                        "an integer >= 1")]
 Flag = Annotated[StrictBool, Allowed("true or false")]
 Recurrence = Annotated[Literal["exact", "off"], Allowed(f"one of {list(RECURRENCE)}")]
 TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
@@ -176,6 +188,15 @@ class RequestBody(BaseModel):
                    "max_tokens")
     return value
 
+  @field_validator("n", check_fields=False)
+  @classmethod
+  def _up_to_the_slots(cls, n, info: ValidationInfo):
+    max_batch = (info.context or {}).get("max_batch")
+    if max_batch is not None and n > max_batch:
+      raise refuse(f"n={n} is invalid: allowed 1..{max_batch} (one decode slot a sample: "
+                   "--max_batch)", "n")
+    return n
+
   @field_validator("stop", check_fields=False)
   @classmethod
   def _up_to_4_strings(cls, stop):
@@ -235,16 +256,15 @@ class ChatRequest(RequestBody):
 
   @field_validator("top_logprobs")
   @classmethod
-  def _top_in_range(cls, top, info: ValidationInfo):
-    if info.data.get("logprobs") and not 0 <= top <= TOP_LOGPROBS:
-      raise refuse(f"logprobs={top} is invalid: allowed 0..{TOP_LOGPROBS}", "logprobs")
+  def _top_in_range(cls, top):
+    if not 0 <= top <= TOP_LOGPROBS:
+      raise refuse(f"top_logprobs={top} is invalid: allowed 0..{TOP_LOGPROBS}", "top_logprobs")
     return top
 
 
 class TokenizeRequest(RequestBody):
   """POST /tokenize."""
-  prompt: Annotated[StrictStr, Allowed("a string", missing="{name} is required: allowed "
-                                                           "{text}")]
+  prompt: Annotated[StrictStr, Allowed("a string")]
   add_special_tokens: Flag = False
 
 
@@ -256,11 +276,12 @@ class DetokenizeRequest(RequestBody):
 
 # ----------------------------------------------------------------------- checking
 
-def parsed(model: type[RequestBody], body: dict, max_len: int) -> RequestBody:
-  """The body as a `model`, checked (max_tokens within max_len); 400 naming the first
-  invalid field otherwise."""
+def parsed(model: type[RequestBody], body: dict, max_len: int,
+           max_batch: Optional[int] = None) -> RequestBody:
+  """The body as a `model`, checked (max_tokens within max_len, n within max_batch); 400
+  naming the first invalid field otherwise."""
   try:
-    return model.model_validate(body, context={"max_len": max_len})
+    return model.model_validate(body, context={"max_len": max_len, "max_batch": max_batch})
   except ValidationError as e:
     raise refused(e, model, body) from None
 
@@ -296,7 +317,7 @@ def refused(e: ValidationError, model: type[BaseModel], body: dict) -> ApiError:
   if err["type"] in RANGE_ERRORS:
     text = allowed.in_range or text
     value = float(value) if field.annotation is float else value
-  if err["type"] == "missing" and allowed.missing:
+  if err["type"] == "missing" and len(names) == len(err["loc"]):     # the field itself
     message = allowed.missing
   return ApiError(400, message.format(name=".".join(names), value=value,
                                       cut=str(value)[:60], text=text), names[0])
@@ -332,6 +353,7 @@ class Settings:
   gen_cf: int
   prompt_cf: int
   include_usage: bool = False
+  n: int = 1
 
 
 def settings_of(req: Union[CompletionRequest, ChatRequest], server) -> Settings:
@@ -346,7 +368,15 @@ def settings_of(req: Union[CompletionRequest, ChatRequest], server) -> Settings:
       False if chat else req.echo,
       (req.top_logprobs if req.logprobs else None) if chat else req.logprobs,
       req.stream, RECURRENCE[req.recurrence], prompt_cf,
-      req.stream_options is not None and req.stream_options.include_usage)
+      req.stream_options is not None and req.stream_options.include_usage, req.n)
+
+
+def sample_seeds(seed: int, n: int) -> list[int]:
+  """The seeds of n samples of one request: the first is the request's (n=1 unchanged),
+  the others drawn from (seed, i): distinct (but for a 2**-31 chance), the same on
+  every repeat."""
+  return [seed] + [int(np.random.SeedSequence([seed, i]).generate_state(1)[0] % 2**31)
+                   for i in range(1, n)]
 
 
 def prompts_of(prompt, tok: TokenizerView, add_bos: bool) -> list[list[int]]:

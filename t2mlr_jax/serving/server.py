@@ -3,14 +3,16 @@
 Every source `loading` opens (GGUF, Hugging Face directory, export, training workdir),
 with its tokenizer. Routes: `GET /health`, `GET /v1/models` (and `/v1/models/{id}`),
 `POST /v1/completions`,
-`POST /v1/chat/completions` (both with `stream` as server-sent events), and the
+`POST /v1/chat/completions` (both with `n` samples a prompt, each in its own slot, and
+`stream` as server-sent events that carry `logprobs` and `echo`), and the
 tokenizer routes lm-eval's remote tokenizer asks for (`GET /tokenizer_info`,
 `POST /tokenize`, `POST /detokenize`). Requests share the engine's decode slots
 (`engine.py`), each with its own recurrent state; a scheduler thread drives the engine
 and hands every request its tokens as they come. Errors are OpenAI's JSON shape with the
 right status; the server stays up. Extension field: `recurrence` "exact" (default) or
 "off" (control flow 1 on every token). The routes are in routes.py, the request bodies
-(pydantic models, in /openapi.json) in schemas.py, the scheduler in scheduler.py.
+(pydantic models, in /openapi.json) in schemas.py, the answers and their server-sent
+events in events.py, the scheduler in scheduler.py.
 docs/serving.md.
 """
 
@@ -86,10 +88,11 @@ class Server:
   def token_text(self, token_id: int) -> str:
     return self.tok.decode([token_id], skip_special_tokens=False)
 
-  def logprob_entries(self, ids, logprobs, tops, n: int, first_none: bool = False) -> dict:
-    """OpenAI's completions `logprobs` object for tokens `ids`."""
+  def logprob_entries(self, ids, logprobs, tops, n: int, first_none: bool = False,
+                      at: int = 0) -> dict:
+    """OpenAI's completions `logprobs` object for tokens `ids`, text offsets from `at`."""
     tokens = [self.token_text(i) for i in ids]
-    offsets, at = [], 0
+    offsets = []
     for t in tokens:
       offsets.append(at)
       at += len(t)
@@ -109,6 +112,7 @@ def create_app(server: Server) -> FastAPI:
   app.state.server = server
   app.add_exception_handler(ApiError, routes.api_error)
   app.add_exception_handler(routes.StarletteHTTPException, routes.http_error)
+  app.add_exception_handler(routes.RequestValidationError, routes.validation_error)
   app.middleware("http")(routes.guard)
   app.include_router(routes.router)
   return app

@@ -223,7 +223,7 @@ def test_a_model_card_and_fastapis_own_errors_in_openais_shape(running):
   assert got == 200 and card["id"] == name and card["object"] == "model"
   got, out = get("/v1/models/gpt-4")
   assert got == 404 and out["error"]["param"] == "model", out
-  assert out["error"]["type"] == "not_found_error"
+  assert out["error"]["code"] == "model_not_found"
   got, out = get("/v1/nowhere")
   assert got == 404 and "GET /v1/nowhere does not exist" in out["error"]["message"], out
   got, out = get("/v1/completions")
