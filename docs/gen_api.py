@@ -50,7 +50,6 @@ MODULES = (
      "exports"),
     ("t2mlr_jax.checkpoint", None, "a training run's Orbax checkpoints (save, "
      "restore, resume_step)"),
-    ("t2mlr_jax.train.tensorstore_reads", None, "TensorStore's failed reads after a failed restore"),
     ("t2mlr_jax.eval.jobs", None, "the evaluations `python -m t2mlr_jax.evaluate` runs: a "
      "checkpoint, a downstream task, bits per byte"),
     ("t2mlr_jax.serving.chat_session", None, "a chat whose answers stream (`python -m "

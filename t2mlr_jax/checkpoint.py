@@ -1,20 +1,32 @@
 """Checkpoints: a training run's checkpoint steps, and the public loader for eval scripts.
 
 `Checkpointer` is the Orbax run manager of a training run, its steps under
-workdir/checkpoints. A step holds five items:
+workdir/checkpoints. A step holds six items:
 
     params     the model parameters (sharded arrays)
     train      {step, opt_state, nonfinite_step}
     data       the Grain iterator state (one JSON per process)
     config     the experiment config as JSON
     meta       {format_version, library version, step, the resolved model config}
+    checksums  a crc32 of every saved array (params, train), by tree path
 
 Saves are asynchronous and atomic (Orbax writes to a temporary directory and renames it
 when complete), keeping the latest `max_to_keep`. Restores go straight into the abstract
 sharded layout the caller provides. The trainer saves and resumes through it.
 
 `load` reads a step's model config and parameters, `load_config` its experiment config;
-a parameter export (`export`) is a standalone params/ + model.json.
+a parameter export (`export`) is a standalone params/ + model.json (+ checksums.json).
+
+Integrity: every restore (the trainer's resume, `load`, an export's) checks each restored
+array against the crc32 recorded when it was saved (`array_checksums`), and a step that
+does not match or cannot be read raises DamagedCheckpointError, one line naming the step,
+the array and the last intact step. TensorStore's own crc32c codec is not used: Orbax
+(0.12) builds the zarr3 codec chain itself and puts crc32c on the shard index only, with no
+option for the chunk data, and checkpoints saved before would stay unchecked anyway; a
+crc32 of the restored bytes covers every array, whatever wrote it, and costs one pass at
+about 3 GB/s. Steps saved without checksums restore unverified (logged). In a run of
+several processes an array no process holds whole is checked by the shards process 0
+held when saving (`array_checksums`).
 
     cfg, params = t2mlr_jax.checkpoint.load("workdirs/s5")     # latest step
 """
@@ -23,20 +35,167 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
+import zlib
 from typing import Optional
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from etils import epath
 from ml_collections import config_dict
 
 from t2mlr_jax import __version__, paths, registry
+from t2mlr_jax.accel import distributed
 from t2mlr_jax.config import migrate_experiment_config
 from t2mlr_jax.model.api import init_model
 
 FORMAT_VERSION = 1
-ITEMS = ("params", "train", "data", "config", "meta")
+ITEMS = ("params", "train", "data", "config", "meta", "checksums")
+CHECKSUMS = "checksums"             # the step item (an export's checksums.json)
+ARRAY_ITEMS = ("params", "train")   # the items whose arrays are checksummed
+
+
+class DamagedCheckpointError(ValueError):
+  """A checkpoint step (or export) with an array that cannot be read or does not match
+  the checksum recorded when it was saved; the message is one line."""
+
+
+def _crc32(x) -> int:
+  """crc32 of an array's bytes in C order."""
+  return zlib.crc32(np.ascontiguousarray(x))
+
+
+def _tree_path(item: str, path) -> str:
+  """`item/a/b/0/kernel`: a leaf's tree path, as the checksums record names it."""
+  names = [str(next((getattr(k, a) for a in ("key", "name", "idx") if hasattr(k, a)), k))
+           for k in path]
+  return "/".join([item, *names])
+
+
+def _shard_key(index, shape) -> str:
+  """A shard's place in its global array, 'start:stop' per dimension ('0:4,8:16')."""
+  return ",".join(f"{s.start or 0}:{dim if s.stop is None else s.stop}"
+                  for s, dim in zip(index, shape))
+
+
+def _shard_slices(key: str) -> tuple:
+  return tuple(slice(*map(int, part.split(":"))) for part in key.split(",")) if key else ()
+
+
+def _leaf_record(leaf) -> dict:
+  """{dtype, shape} and the crc32 of the whole array, or (an array sharded over
+  processes, of which this process holds only part) of each shard it holds, by place."""
+  leaf = leaf if hasattr(leaf, "dtype") else np.asarray(leaf)
+  record = {"dtype": str(leaf.dtype), "shape": list(leaf.shape)}
+  if getattr(leaf, "is_fully_addressable", True):
+    record["crc32"] = _crc32(np.asarray(leaf))
+  else:
+    record["shards"] = {_shard_key(s.index, leaf.shape): _crc32(np.asarray(s.data))
+                        for s in leaf.addressable_shards}
+  return record
+
+
+def array_checksums(tree, item: str) -> dict:
+  """{tree path: record} of every array in `tree`, the paths prefixed by `item`.
+
+  In a multi-process run an array no process holds whole is recorded by the shards
+  process 0 holds (the record written is process 0's): those are checked on restore."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {_tree_path(item, path): _leaf_record(leaf) for path, leaf in leaves}
+
+
+def _leaf_matches(record: dict, leaf) -> Optional[bool]:
+  """Whether a restored array matches its record; None where it cannot be checked here
+  (restored as another dtype or shape, or across processes without the recorded shards)."""
+  leaf = leaf if hasattr(leaf, "dtype") else np.asarray(leaf)
+  if str(leaf.dtype) != record["dtype"] or list(leaf.shape) != record["shape"]:
+    return None
+  whole = getattr(leaf, "is_fully_addressable", True)
+  if "crc32" in record:
+    return _crc32(np.asarray(leaf)) == record["crc32"] if whole else None
+  if whole:
+    arr = np.asarray(leaf)
+    return all(_crc32(arr[_shard_slices(k)]) == crc for k, crc in record["shards"].items())
+  held = {_shard_key(s.index, leaf.shape): s.data for s in leaf.addressable_shards}
+  checked = [_crc32(np.asarray(held[k])) == crc for k, crc in record["shards"].items()
+             if k in held]
+  return all(checked) if checked else None
+
+
+def first_mismatch(records: dict, tree, item: str) -> Optional[str]:
+  """The tree path of the first array of `tree` that does not match its record (None when
+  all that are recorded match)."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    name = _tree_path(item, path)
+    if name in records and _leaf_matches(records[name], leaf) is False:
+      return name
+  return None
+
+
+def quiet_failed_reads() -> None:
+  """After a failed restore, Orbax's other array reads of the same damaged file end as
+  coroutines whose exceptions nobody retrieves (Python prints each, a page of TensorStore
+  spec, when they are collected) or as TensorStore callbacks into the event loop Orbax has
+  closed by then (each reported through sys.unraisablehook with no object, so Python
+  prints a bare traceback; how many arrive depends on timing). Silence just those, keeping
+  every other warning."""
+  previous = sys.unraisablehook
+
+  def is_read_noise(value, _runtime_error=RuntimeError, _str=str, _isinstance=isinstance):
+    # builtins bound as defaults: the hooks may run during interpreter shutdown
+    text = _str(value)
+    return ("Encountered error while reading array" in text
+            or (_isinstance(value, _runtime_error) and text == "Event loop is closed"))
+
+  def hook(unraisable):
+    if is_read_noise(unraisable.exc_value):
+      return
+    previous(unraisable)
+  sys.unraisablehook = hook
+  previous_excepthook = sys.excepthook
+
+  def excepthook(exc_type, value, traceback):
+    if is_read_noise(value):
+      return
+    previous_excepthook(exc_type, value, traceback)
+  sys.excepthook = excepthook
+
+
+def read_failure(error: BaseException) -> str:
+  """What could not be read, in one line: the array and TensorStore's reason when the
+  error chain names them (a damaged shard file), else the innermost message."""
+  chain, e = [], error
+  while e is not None and len(chain) < 20:
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  for e in chain:
+    found = re.search(r'Error reading "([^"]+)" in OCDBT database at local file "([^"]*)"'
+                      r'(?:: (.*))?', str(e))
+    if found:
+      array, where, why = found.groups()
+      item = where.rstrip("/").rsplit("/", 1)[-1]
+      array = array.rsplit("/", 1)[0] if "/" in array else array
+      why = (why or "").split(";")[0].strip()
+      return f"array {item}/{array}" + (f" ({why})" if why else "")
+  return " ".join(str(chain[-1]).split())[:300]
+
+
+def _read_failure(error: BaseException) -> str:
+  """A failed Orbax/TensorStore read in one line (its noise quieted), the array named by
+  its tree path."""
+  quiet_failed_reads()
+  what = read_failure(error)
+  return re.sub(r"^array (\S+)", lambda m: "array " + m.group(1).replace(".", "/"), what)
+
+
+def _mismatch_line(name: Optional[str]) -> str:
+  if name is None:          # another process found it
+    return "an array another process holds does not match the checksum saved with it"
+  return f"array {name} does not match the checksum saved with it (crc32)"
 
 
 class Checkpointer:
@@ -44,6 +203,7 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, max_to_keep: int = 3, async_save: bool = True,
                read_only: bool = False):
+    self.workdir = workdir
     self.directory = paths.resolve(workdir) / "checkpoints"
     if read_only and not self.directory.is_dir():
       raise ValueError(f"no checkpoint found under {self.directory} (is --workdir right?)")
@@ -78,10 +238,13 @@ class Checkpointer:
             "user_modules": list(registry.USER_MODULES)}
     train = {"step": state.step, "opt_state": state.opt_state,
              "nonfinite_step": state.nonfinite_step}
+    checksums = {"algorithm": "crc32", "arrays": {
+        **array_checksums(state.params, "params"), **array_checksums(train, "train")}}
     args = ocp.args.Composite(
         params=ocp.args.StandardSave(state.params), train=ocp.args.StandardSave(train),
         data=grain.checkpoint.CheckpointSave(data_iterator),
-        config=ocp.args.JsonSave(config), meta=ocp.args.JsonSave(meta))
+        config=ocp.args.JsonSave(config), meta=ocp.args.JsonSave(meta),
+        checksums=ocp.args.JsonSave(checksums))
     self.manager.save(int(step), args=args, force=True)
 
   def read_json(self, step: int, item: str) -> dict:
@@ -106,14 +269,71 @@ class Checkpointer:
     self.check_format(step)
     train_abstract = {"step": abstract_state.step, "opt_state": abstract_state.opt_state,
                       "nonfinite_step": abstract_state.nonfinite_step}
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_state.params),
-        train=ocp.args.StandardRestore(train_abstract),
-        data=grain.checkpoint.CheckpointRestore(data_iterator)))
+    restored = self.restore_checked(step, every_process=True, params=ocp.args.StandardRestore(
+        abstract_state.params), train=ocp.args.StandardRestore(train_abstract),
+        data=grain.checkpoint.CheckpointRestore(data_iterator))
     train = restored["train"]
     return abstract_state.replace(step=train["step"], params=restored["params"],
                                   opt_state=train["opt_state"],
                                   nonfinite_step=train["nonfinite_step"])
+
+  def restore_checked(self, step: int, every_process: bool = False, **items) -> dict:
+    """`manager.restore` of `items` (item name -> restore args) at `step`, the restored
+    arrays checked against the checksums saved with them: raises DamagedCheckpointError
+    (one line naming the step, the array and the last intact step) where one cannot be
+    read or does not match. every_process: all processes restore together (the trainer),
+    and each raises when any finds damage (a collective)."""
+    restored, what = self._read_checked(step, items, every_process, log_unverified=True)
+    if what is not None:
+      raise self.damaged(step, what, items, every_process)
+    return restored
+
+  def _read_checked(self, step: int, items: dict, every_process: bool = False,
+                    log_unverified: bool = False):
+    """(the restored items, None), or (None, what is damaged) where an array cannot be
+    read or does not match its checksum."""
+    records, what, restored = None, None, None
+    if (self.directory / str(step) / CHECKSUMS).exists():
+      try:
+        records = self.read_json(step, CHECKSUMS)["arrays"]
+      except Exception as e:          # any failed read is a damaged step
+        what = f"its checksums record could not be read: {_read_failure(e)}"
+    elif log_unverified:
+      logging.info("checkpoint step %d in %s was saved without checksums (by an earlier "
+                   "version): restored unverified", step, self.workdir)
+    if what is None:
+      try:
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+      except Exception as e:
+        what = _read_failure(e)
+    if what is None and records is not None:
+      bad = next(filter(None, (first_mismatch(records, restored[item], item)
+                               for item in ARRAY_ITEMS if item in items)), None)
+      what = None if bad is None else _mismatch_line(bad)
+    if distributed.any_process(what is not None) if every_process else what is not None:
+      return None, what or _mismatch_line(None)
+    return restored, None
+
+  def damaged(self, step: int, what: str, items: Optional[dict] = None,
+              every_process: bool = False):
+    """The one-line DamagedCheckpointError of step `step` (`what` is damaged), naming the
+    last intact earlier step (each earlier one restored with `items` but the data
+    iterator, and checked, until one is; without `items`, the latest earlier step)."""
+    earlier = [s for s in self.all_steps() if s < step]
+    check = {k: v for k, v in (items or {}).items() if k != "data"}
+    intact = next((s for s in reversed(earlier)
+                   if not check or self._read_checked(s, check, every_process)[1] is None),
+                  None)
+    if intact is None:
+      how = "no earlier intact step is saved: start in a new workdir"
+    else:
+      resume = (f"--config.train.resume_step={intact} (saved: {earlier}; the steps after "
+                f"it are moved to {SET_ASIDE}/, not deleted)")
+      how = (f"the last intact step is {intact}: resume from it with {resume}, or evaluate "
+             f"it with --step={intact}" if check else
+             f"resume from an earlier step with {resume}")
+    return DamagedCheckpointError(f"checkpoint step {step} in {self.workdir} could not be "
+                                  f"read: {what}; {how}")
 
   def wait(self) -> None:
     """Block until asynchronous saves have finished."""
@@ -185,6 +405,7 @@ def model_config_from_meta(meta: dict):
 
 EXPORT_CONFIG = "model.json"
 EXPORT_PARAMS = "params"
+EXPORT_CHECKSUMS = "checksums.json"
 
 
 def is_export(path: str) -> bool:
@@ -204,7 +425,8 @@ def check_export_target(path: str) -> None:
 
 
 def export(cfg, params, path: str) -> None:
-  """A standalone parameter checkpoint: path/params (Orbax) + path/model.json.
+  """A standalone parameter checkpoint: path/params (Orbax) + path/checksums.json (each
+  array's crc32) + path/model.json.
 
   What `python -m t2mlr_jax.convert --from-hf` writes; `load(path)` and the training
   config's `model.init_from` read it."""
@@ -212,8 +434,11 @@ def export(cfg, params, path: str) -> None:
   root = paths.resolve(path)
   root.mkdir(parents=True, exist_ok=True)
   target = root / EXPORT_PARAMS
+  params = jax.device_get(params)
   with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(target, jax.device_get(params))
+    ckptr.save(target, params)
+  paths.write_text(root / EXPORT_CHECKSUMS, json.dumps(
+      {"algorithm": "crc32", "arrays": array_checksums(params, EXPORT_PARAMS)}))
   paths.write_text(root / EXPORT_CONFIG, json.dumps(
       {"format_version": FORMAT_VERSION, "library_version": __version__,
        "model_family": type(cfg).__name__, "model_config": cfg.to_dict()}, indent=2))
@@ -227,8 +452,22 @@ def _load_export(path: str):
   abstract = jax.eval_shape(lambda: init_model(cfg, jax.random.PRNGKey(0)))
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                           abstract)
-  with ocp.StandardCheckpointer() as ckptr:
-    params = ckptr.restore(root / EXPORT_PARAMS, abstract)
+  records = None
+  if (root / EXPORT_CHECKSUMS).is_file():
+    records = json.loads((root / EXPORT_CHECKSUMS).read_text())["arrays"]
+  else:
+    logging.info("parameter export %s was saved without checksums (by an earlier version): "
+                 "restored unverified", path)
+  try:
+    with ocp.StandardCheckpointer() as ckptr:
+      params = ckptr.restore(root / EXPORT_PARAMS, abstract)
+  except Exception as e:                # any failed read is a damaged export
+    raise DamagedCheckpointError(f"parameter export {path} could not be read: "
+                                 f"{_read_failure(e)}; export it again") from e
+  bad = first_mismatch(records, params, EXPORT_PARAMS) if records else None
+  if bad is not None:
+    raise DamagedCheckpointError(f"parameter export {path} could not be read: "
+                                 f"{_mismatch_line(bad)}; export it again")
   return cfg, params
 
 
@@ -255,7 +494,11 @@ def load(workdir: str, step: Optional[int] = None):
     elif step not in ckpt.all_steps():
       raise ValueError(f"step={step} is not saved in {ckpt.directory}: allowed one of "
                        f"{sorted(ckpt.all_steps())}")
-    meta = ckpt.check_format(step)
+    try:
+      meta = ckpt.read_json(step, "meta")
+    except Exception as e:            # a damaged step: one line, as for its arrays
+      raise ckpt.damaged(step, f"its meta could not be read: {_read_failure(e)}") from e
+    meta = ckpt.check_format(step, meta)
     if "model_family" not in meta:
       raise ValueError(
           f"{ckpt.directory} step {step} predates checkpoints that record their model "
@@ -266,8 +509,7 @@ def load(workdir: str, step: Optional[int] = None):
     abstract = jax.eval_shape(lambda: init_model(cfg, jax.random.PRNGKey(0)))
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                             abstract)
-    restored = ckpt.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract)))
+    restored = ckpt.restore_checked(step, params=ocp.args.StandardRestore(abstract))
     return cfg, restored["params"]
   finally:
     ckpt.manager.close()

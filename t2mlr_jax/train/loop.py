@@ -35,7 +35,7 @@ from t2mlr_jax.convert.pretrained import load_pretrained
 from t2mlr_jax.data.pipeline import make_iterator
 from t2mlr_jax.eval import runner
 from t2mlr_jax.registry import family_of
-from t2mlr_jax.train import config as config_lib, tasks as tasks_lib, tensorstore_reads
+from t2mlr_jax.train import config as config_lib, tasks as tasks_lib
 from t2mlr_jax.train.metrics import MetricsWriter, Progress
 from t2mlr_jax.train.optimizer import make_optimizer
 from t2mlr_jax.train.step import (
@@ -148,15 +148,24 @@ def _global_batch(batch, data_sharding):
           for k, v in batch.items()}
 
 
-def _check_finite(state, ckpt):
+def _check_finite(state, ckpt, resumed: Optional[int] = None):
+  """Raise NonFiniteLossError if a step's loss was not finite; at the first step after
+  resuming from step `resumed`, the restored state is named as a suspect too."""
   bad = int(jax.device_get(state.nonfinite_step))
   if bad >= 0:
     last = ckpt.latest_step()
     kept = (f"the last good checkpoint is step {last}" if last is not None
             else "no checkpoint had been saved yet")
+    why = "(lower optimizer.lr or check the data)"
+    if resumed is not None and bad == resumed:
+      earlier = [s for s in ckpt.all_steps() if s < resumed]
+      why = (f"(the first step after resuming from step {resumed}: the restored state may "
+             "be at fault" + (f"; try --config.train.resume_step={max(earlier)}"
+                              if earlier else "") + "; else lower optimizer.lr or check "
+             "the data)")
     raise NonFiniteLossError(
         f"non-finite loss or gradient at step {bad + 1}: stopping without saving; {kept} "
-        "(lower optimizer.lr or check the data)")
+        + why)
 
 
 def _check_same_data_layout(meta: dict, slots: int, workdir, step: int) -> None:
@@ -186,13 +195,13 @@ def _init_from_pretrained(state, config, cfg, tx, shardings):
 def _unreadable(workdir, step, ckpt, error) -> ValueError:
   """The one-line error of a checkpoint step that cannot be read, naming the steps a
   `train.resume_step` can go on from (nothing is deleted or overwritten)."""
-  tensorstore_reads.quiet_failed_reads()
+  checkpoint.quiet_failed_reads()
   others = [s for s in ckpt.all_steps() if s < step]
   how = (f"resume from an earlier step with --config.train.resume_step={max(others)} "
          f"(saved: {others}; the steps after it are moved to {checkpoint.SET_ASIDE}/, not "
          "deleted)" if others else "no earlier step is saved: start in a new workdir")
   return ValueError(f"checkpoint step {step} in {workdir} could not be read: "
-                    f"{tensorstore_reads.read_failure(error)}; {how}")
+                    f"{checkpoint.read_failure(error)}; {how}")
 
 
 def _step_flops(cfg, t, mode):
@@ -221,6 +230,7 @@ class _Run:
   writer: Any = None
   state: Any = None
   saved_step: Optional[int] = None
+  resumed_step: Optional[int] = None
   eval_batches: Any = None
 
   @property
@@ -229,7 +239,7 @@ class _Run:
 
   def save(self, step: int) -> None:
     """Checkpoint the state at `step` (refused, raising, if it is not finite)."""
-    _check_finite(self.state, self.ckpt)
+    _check_finite(self.state, self.ckpt, self.resumed_step)
     self.ckpt.save(step, self.state, self.data_iter, self.config.to_dict(), self.cfg,
                    data_slots=self.slots)
     self.saved_step = step
@@ -294,6 +304,7 @@ def _restore(run: _Run) -> None:
   latest = run.saved_step = run.ckpt.latest_step()
   if latest is not None:
     run.state = _resume(run, latest)
+    run.resumed_step = latest
   else:
     run.state = create_state(run.cfg, run.tx, jax.random.PRNGKey(run.t.seed), run.mesh)
     run.writer.truncate_after(0)        # records of an earlier attempt that saved nothing
@@ -316,10 +327,9 @@ def _resume(run: _Run, latest: int):
   _check_same_config(saved, run.config.to_dict(), workdir)
   _check_same_data_layout(meta, run.slots, workdir, latest)
   target = checkpoint.with_shardings(abstract_state(run.cfg, run.tx), run.shardings)
-  try:                        # (its format is checked above)
-    state = ckpt.restore(latest, target, run.data_iter)
-  except Exception as e:
-    raise _unreadable(workdir, latest, ckpt, e) from e
+  # (its format is checked above); a damaged array raises DamagedCheckpointError, one line
+  # naming it and the last intact step
+  state = ckpt.restore(latest, target, run.data_iter)
   run.writer.truncate_after(latest)
   if latest >= t.num_steps:
     _say(f"the run in {workdir} is complete (step {latest} of {t.num_steps}): nothing to "
@@ -344,7 +354,7 @@ def _check_same_config(saved: dict, current: dict, workdir) -> None:
 def _log(run: _Run, step: int, window: list, elapsed: float, step_flops, bar) -> dict:
   """Write the window's metrics (WINDOW_MEANS' means, the others' last values, rates)."""
   t = run.t
-  _check_finite(run.state, run.ckpt)
+  _check_finite(run.state, run.ckpt, run.resumed_step)
   fetched = jax.device_get(window)
   last = {k: float(np.mean([m[k] for m in fetched])) if k in WINDOW_MEANS
           else _logged(fetched[-1][k]) for k in fetched[-1]}
