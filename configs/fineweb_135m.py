@@ -26,7 +26,9 @@ Variants (`--config=configs/fineweb_135m.py:VARIANT`):
                as the default within 0.05% (T2MLR adds W_rec and two gates, 5·576²)
   all_layers   T2MLR over every layer (0-29)
   360m         SmolLM2-360M's shape (32 layers, d_model 960), T2MLR on layers 14-19
-  tiny         seconds on CPU, for tests: 2 layers, d_model 32, byte-level blocks of 32
+  tiny         seconds on CPU, for tests: 2 layers, d_model 32, byte-level blocks of 32 of
+               a synthetic corpus, data/tiny/lm_byte32 (main makes it: python -m
+               t2mlr_jax.data.tiny)
 """
 
 from t2mlr_jax.config import PRESETS
@@ -63,7 +65,7 @@ def get_config(variant: str = ""):
                    max_seq_len=64, dtype="float32")
     c.model.recurrence.update(l_start=1, l_end=1)
     c.model.schedule_options.update(d_forward=4, d_backward=2)
-    c.data.update(path="data/fineweb_tiny", eval_blocks=8, eval_batch_size=4, num_threads=1,
+    c.data.update(path="data/tiny/lm_byte32", eval_blocks=8, eval_batch_size=4, num_threads=1,
                   prefetch=2)
     c.train.update(batch_size=8, seq_len=32, num_steps=4, eval_every=4, checkpoint_every=2,
                    log_every=1, async_checkpointing=False)

@@ -27,7 +27,8 @@ embeddings, RoPE) and the data stream; parameter counts agree within 0.1%:
   lrt_layerwise  LRT-layerwise (final state as source, a W_k / W_v pair per layer),
                AdamW, d_ff 352; without LRT's value embeddings (at this size their
                [L, V, kv] tables would add 90% to the parameters)
-  tiny         seconds on CPU for tests: byte-level data with 32-token blocks
+  tiny         seconds on CPU for tests: byte-level blocks of 32 of a synthetic corpus,
+               data/tiny/lm_byte32 (main makes it: python -m t2mlr_jax.data.tiny)
 Evaluation: bits per byte on held-out blocks, exact (what decoding sees), parallel
 (recurrence off) and the training view (Jacobi / interleaved).
 """
@@ -79,7 +80,7 @@ def get_config(variant: str = "t2mlr"):
                    max_seq_len=64)
     c.model.recurrence = recurrence_config("t2mlr", l_start=0, l_end=0)
     c.model.schedule_options.update(d_forward=4, d_backward=2)
-    c.data.update(path="data/gutenberg_byte32", eval_blocks=8, eval_batch_size=4)
+    c.data.update(path="data/tiny/lm_byte32", eval_blocks=8, eval_batch_size=4)
     c.train.update(batch_size=8, seq_len=32, num_steps=4, eval_every=4, checkpoint_every=2,
                    log_every=1, async_checkpointing=False)
   return c

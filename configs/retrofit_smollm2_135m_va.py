@@ -13,7 +13,8 @@ middle fifth (layers 12-17 of 30), 120 steps of 8 examples, lr 2e-4.
     python experiments/retrofit_smollm2.py      # data, the three arms, greedy eval
 
 Variants: default (T2MLR), `transformer` (the same fine-tune without recurrence),
-`tiny` (tests: a tiny model given by model.init_from).
+`tiny` / `tiny_transformer` (seconds on CPU: a random 4-layer base model,
+data/tiny/base, on data/tiny/va_sft.jsonl; main makes both: python -m t2mlr_jax.data.tiny).
 """
 
 from t2mlr_jax.train.config import base_config
@@ -35,7 +36,8 @@ def get_config(variant: str = ""):
   if variant in ("transformer", "tiny_transformer"):
     c.model.recurrence.type = "none"
   if variant.startswith("tiny"):
-    c.model.update(max_seq_len=256)
+    c.model.update(max_seq_len=256, init_from="data/tiny/base")
+    c.data.path = "data/tiny/va_sft.jsonl"
     c.model.recurrence.update(l_start=1, l_end=1)
     c.model.schedule_options.update(d_forward=4, d_backward=2)
     c.data.update(eval_limit=8, eval_batch_size=8, chat=False)

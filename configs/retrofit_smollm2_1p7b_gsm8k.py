@@ -21,7 +21,8 @@ Needs an accelerator (bf16, full remat, FSDP over all chips): meant for a TPU v5
 --config.model.init_from=smollm2-1.7b` checks it from the shape alone). On GPUs
 (docs/gpu.md, `--topology=h100-8`): one 8×H100 node as it is, 56.7 of the 58.7 GiB a JAX
 process gets on a card (2 GiB of headroom). Variant `tiny`: the same recipe at toy size for
-tests (pass a tiny HF directory as init_from).
+tests, on a random 4-layer base model (data/tiny/base) and Variable Assignment records
+(data/tiny/va_sft.jsonl); main makes both: python -m t2mlr_jax.data.tiny.
 """
 
 from t2mlr_jax.train.config import base_config
@@ -42,7 +43,9 @@ def get_config(variant: str = ""):
                  checkpoint_every=500, log_every=20)
   c.mesh.update(data=1, fsdp=-1, tensor=1)
   if variant == "tiny":
-    c.model.update(dtype="float32", remat="none", max_seq_len=256, attention="xla")
+    c.model.update(dtype="float32", remat="none", max_seq_len=256, attention="xla",
+                   init_from="data/tiny/base")
+    c.data.path = "data/tiny/va_sft.jsonl"
     c.model.recurrence.update(l_start=1, l_end=-2)
     c.model.schedule_options.update(d_forward=4, d_backward=2)
     c.data.update(eval_limit=8, eval_batch_size=8, chat=False)

@@ -5,6 +5,7 @@ only with --verbose. Training that diverges exits 3 (train.loop.NonFiniteLossErr
 from __future__ import annotations
 
 import errno
+import importlib
 import importlib.util
 import os
 import re
@@ -13,7 +14,7 @@ from typing import Callable, Optional, Sequence
 
 from absl import app, flags, logging
 
-from t2mlr_jax import registry
+from t2mlr_jax import paths, registry
 from t2mlr_jax.accel import platforms
 
 USAGE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, LookupError, OSError)
@@ -58,10 +59,28 @@ _FLAG_TYPES = (("invalid literal for int()", "an integer"),
                ("Non-boolean argument to boolean flag", "true or false"))
 
 
+def _config_file_error(value: str, text: str) -> str:
+  """A config file's get_config error (ml_collections gives its whole traceback) as its
+  last line; an unknown variant names the file and the allowed variants."""
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  last = re.sub(r"^[\w.]*(Error|Exception): ", "", lines[-1]) if lines else text
+  path = value.strip("'\"").partition(":")[0]
+  unknown = re.match(r"unknown variant ('[^']*')[:,]? allowed (.*)$", last)
+  if not unknown:
+    return f"{path}: {last}"
+  names = re.findall(r"'([^']*)'", unknown.group(2))
+  allowed = ", ".join(n for n in names if n) + (" or none" if "" in names else "")
+  return f"unknown variant {unknown.group(1)} for {path}: allowed {allowed}"
+
+
 def _flag_error(error: BaseException) -> str:
   """absl's flag error on one line; a value of the wrong type says what is allowed
   ('--config.train.num_steps='abc' is invalid: allowed an integer')."""
-  text = " ".join(str(error).split())
+  raw = str(error)
+  parsing = re.match(r"flag --[\w.]+=(.*?): Error whilst parsing config file:", raw)
+  if parsing:
+    return _config_file_error(parsing.group(1), raw)
+  text = " ".join(raw.split())
   bad = re.match(r"flag (--[\w.]+)=(.*?): (.*)$", text)
   if bad:
     name, value, why = bad.groups()
@@ -81,7 +100,7 @@ def _parse_flags(argv: Sequence[str]):
     if _verbose(argv):
       raise
     message = _flag_error(e)
-    if "--helpshort" not in message:
+    if "--helpshort" not in message and "Error whilst parsing config file" not in str(e):
       message += " (--helpshort lists the flags)"
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -140,6 +159,7 @@ def run(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
   args = list(sys.argv if argv is None else argv)
 
   def one_line_usage(argv):
+    quiet_absl_logs()      # no library INFO lines (Orbax's) before a one-line error
     try:
       return main(argv)
     except app.UsageError as e:        # absl would print the whole usage and exit 1
@@ -165,6 +185,26 @@ def guard(main: Callable[[], None], argv: Optional[Sequence[str]] = None) -> Non
     if _verbose(args):
       raise
     _report(e, args)
+
+
+def require_extra(modules: Sequence[str], command: str, needs: str, extra: str) -> None:
+  """Exit 2 with one line naming the extra to install when an optional dependency of
+  `command` is missing (checked first: --help too, before the library loads)."""
+  for name in modules:
+    try:
+      importlib.import_module(name)
+    except ImportError as e:
+      print(f"error: {e}: {command} needs {needs}: pip install -e \".[{extra}]\"",
+            file=sys.stderr)
+      sys.exit(2)
+
+
+def check_step(workdir: str, step: Optional[int], flag: str = "--step") -> None:
+  """A --step the training workdir has not saved: ValueError listing the steps it has,
+  before the library loads (no steps saved, or no workdir: left to the loader)."""
+  saved = paths.saved_steps(workdir) if step is not None else []
+  if saved and step not in saved:
+    raise ValueError(f"{flag}={step} is not saved in {workdir}: allowed one of {saved}")
 
 
 def quiet_absl_logs() -> None:

@@ -66,6 +66,8 @@ def main(argv):
     raise app.UsageError(f"--task={_TASK.value} needs --data and --model")
   if not (_TASK.value or _WORKDIR.value or _MODEL.value or _DATA.value):
     raise app.UsageError("give --workdir (a training run) or --task/--data/--model")
+  if _WORKDIR.value and not _TASK.value:
+    cli.check_step(_WORKDIR.value, _STEP.value)
   # the library (and JAX) load once the flags parse: argument errors print at once
   from t2mlr_jax.eval import downstream, jobs
   from t2mlr_jax.model.modes import mode_names
@@ -73,6 +75,10 @@ def main(argv):
   cli.quiet_absl_logs()
   if _MODE.value is not None and _MODE.value not in mode_names():
     raise ValueError(f"--mode={_MODE.value!r} is invalid: allowed one of {mode_names()}")
+  tasks_allowed = ("bpb", *downstream.GENERATION_TASKS, *downstream.MC_TASKS)
+  if _TASK.value and _TASK.value not in tasks_allowed:
+    raise ValueError(f"--task={_TASK.value!r} is invalid: allowed one of "
+                     f"{', '.join(tasks_allowed)}")
   if _TASK.value == "bpb":
     results = jobs.evaluate_bpb_task(_DATA.value, _MODEL.value, split=_SPLIT.value,
                                      blocks=_BLOCKS.value,
@@ -99,8 +105,7 @@ def main(argv):
       _wrote(f"{out / 'summary.json'} and {out / 'predictions.jsonl'}")
     return
   if not _WORKDIR.value:
-    raise app.UsageError(f"--model/--data need --task: allowed bpb, "
-                         f"{', '.join(downstream.GENERATION_TASKS + downstream.MC_TASKS)}")
+    raise app.UsageError(f"--model/--data need --task: allowed {', '.join(tasks_allowed)}")
   results = tasks.evaluate_checkpoint(_WORKDIR.value, _STEP.value, _MODE.value or "exact")
   out = _OUTPUT.value or paths.resolve(_WORKDIR.value) / f"eval_step{results['step']}.json"
   paths.write_text(out, json.dumps(results, indent=2))

@@ -10,19 +10,17 @@ outside its package).
 
 import sys
 
-from t2mlr_jax import registry
+from t2mlr_jax import cli, registry
 
 
 def main(argv=None) -> None:
   """`python -m t2mlr_jax.lm_eval ARGS`: lm-eval's command line (`lm-eval ARGS`) with the
   `t2mlr_jax` model registered; `--user_module=FILE.py` (ours, taken out before lm-eval
   reads the rest) is imported first, for a model of a type it registers."""
-  try:      # the optional extra `eval`: one line without it, before anything loads
-    from lm_eval.__main__ import cli_evaluate
-  except ImportError as e:
-    print(f"error: {e}: python -m t2mlr_jax.lm_eval needs lm-eval: "
-          "pip install -e \".[eval]\"", file=sys.stderr)
-    sys.exit(2)
+  # the optional extra `eval`: one line without it, before anything loads
+  cli.require_extra(("lm_eval",), "python -m t2mlr_jax.lm_eval", "lm-eval", "eval")
+  from lm_eval.__main__ import cli_evaluate
+
   from t2mlr_jax.eval.lm_harness import T2MLRLM  # noqa: F401  (registers `t2mlr_jax`)
   args = list(sys.argv[1:] if argv is None else argv)
   for path in registry.user_modules_in(args):

@@ -2,12 +2,15 @@
 
 Config overrides go on the command line (`--config.train.num_steps=200`); a
 `:variant` after the config path selects a preset (`configs/s5_retrieval.py:tiny`).
+Without --workdir a run goes to workdirs/<config stem>[_<variant>]
+(`workdirs/s5_retrieval_tiny`); the first line the run prints names its workdir.
 Resumes automatically when the workdir holds a checkpoint. On several hosts, run one
 process per host with --coordinator_address/--num_processes/--process_id (or their
 JAX_* environment variables; TPU pods and SLURM are detected): see t2mlr_jax/accel/distributed.py.
 """
 
 import os
+import re
 import sys
 
 from absl import flags, logging
@@ -28,15 +31,35 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's id, 0..nu
 flags.mark_flags_as_required(["config"])
 
 
+def default_workdir(config_arg: str) -> str:
+  """workdirs/<config file stem>[_<variant>] for a --config value: each variant its own
+  folder (`configs/s5_retrieval.py:tiny` -> workdirs/s5_retrieval_tiny)."""
+  path, _, variant = config_arg.partition(":")
+  stem = os.path.splitext(os.path.basename(path))[0]
+  name = f"{stem}_{variant}" if variant else stem
+  return os.path.join("workdirs", re.sub(r"[^\w.-]+", "_", name))
+
+
 def main(argv):
   del argv
   config = cli.config_value(_CONFIG)     # a missing config file is an argument error
+  if _WORKDIR.value:
+    workdir = _WORKDIR.value
+    print(f"workdir: {workdir}", flush=True)
+  else:
+    workdir = default_workdir(flags.FLAGS["config"].config_filename)
+    print(f"workdir: {workdir} (the default for this config; --workdir=DIR to choose)",
+          flush=True)
   # the library (and JAX) load once the flags parse: argument errors print at once
   from t2mlr_jax.accel import distributed
+  from t2mlr_jax.data import tiny
   from t2mlr_jax.train.loop import NonFiniteLossError, train
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  cli.quiet_absl_logs()
-  workdir = _WORKDIR.value or os.path.join("workdirs", config.get("name", "run"))
+  needed = tiny.missing(config)       # a tiny variant's inputs: made here, in seconds
+  if needed:
+    print(f"{', '.join(needed)} not made yet: making {tiny.ROOT} ({tiny.COMMAND})",
+          flush=True)
+    tiny.make()
   try:
     metrics = train(config, workdir, progress=_PROGRESS.value)
   except NonFiniteLossError as e:

@@ -26,3 +26,13 @@ def write_text(path, text: str) -> None:
   tmp = p.with_name(p.name + ".tmp")
   tmp.write_text(text)
   tmp.replace(p)
+
+
+def saved_steps(workdir) -> list[int]:
+  """The steps a training workdir has saved: the directories under workdir/checkpoints
+  named by a number (Orbax's unfinished *.orbax-checkpoint-tmp ones are not), listed
+  without loading the library; [] when there are none."""
+  root = resolve(workdir) / "checkpoints"
+  if not root.is_dir():
+    return []
+  return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())

@@ -34,11 +34,26 @@ def _run(*args, cwd):
     (("t2mlr_jax.evaluate",),
      "error: give --workdir (a training run) or --task/--data/--model"),
     (("t2mlr_jax.evaluate", "--model=a_file"), "error: --model/--data need --task: allowed bpb,"),
+    (("t2mlr_jax.main", f"--config={TINY[:-5]}:huge"),
+     f"error: unknown variant 'huge' for {TINY[:-5]}: allowed tiny, word, paper, v2"),
+    (("t2mlr_jax.evaluate", "--task=foo", "--data=a_file", "--model=a_file"),
+     "error: --task='foo' is invalid: allowed one of bpb, gsm8k, math500, arc_easy"),
+    (("t2mlr_jax.evaluate", "--workdir=run", "--step=12345"),
+     "error: --step=12345 is not saved in run: allowed one of [5, 10]"),
+    (("t2mlr_jax.serve", "--model=run", "--step=12345"),
+     "error: --step=12345 is not saved in run: allowed one of [5, 10]"),
+    (("t2mlr_jax.serve", "--model=no_such_run"), "error: --model='no_such_run' does not exist"),
+    (("t2mlr_jax.serve", "--model=run", "--port=abc"),
+     "error: --port='abc' is invalid: allowed an integer"),
 ], ids=["misspelled-field", "missing-config", "bad-value", "evaluate-empty", "convert-empty",
-        "flag-type", "unknown-flag", "chat-file", "evaluate-nothing", "evaluate-no-task"])
+        "flag-type", "unknown-flag", "chat-file", "evaluate-nothing", "evaluate-no-task",
+        "unknown-variant", "evaluate-unknown-task", "evaluate-unsaved-step",
+        "serve-unsaved-step", "serve-missing-model", "serve-bad-flag"])
 def test_errors_are_one_line_with_exit_status_2(tmp_path, args, message):
   (tmp_path / "empty").mkdir()
   (tmp_path / "a_file").write_text("not a model\n")
+  for step in (5, 10):                # a workdir's saved steps, as a listing sees them
+    (tmp_path / "run" / "checkpoints" / str(step)).mkdir(parents=True)
   run = _run(*args, cwd=tmp_path)
   assert run.returncode == 2, run.stderr[-2000:]
   lines = [line for line in run.stderr.splitlines() if line.strip()]
@@ -119,7 +134,9 @@ def _exit_of(argv, prelude=""):
 
 @pytest.mark.parametrize("hidden,argv,install", [
     ("fastapi", ["t2mlr_jax.serve", "--model=model.gguf"], '".[serve]"'),
-    ("lm_eval", ["t2mlr_jax.lm_eval", "--help"], '".[eval]"')], ids=["serve", "lm_eval"])
+    ("uvicorn", ["t2mlr_jax.serve", "--help"], '".[serve]"'),
+    ("lm_eval", ["t2mlr_jax.lm_eval", "--help"], '".[eval]"')],
+    ids=["serve", "serve-help", "lm_eval"])
 def test_a_missing_extra_is_one_line_naming_its_install(hidden, argv, install):
   """A command whose optional extra is not installed says which, in one line (exit 2),
   before the library or JAX loads."""
@@ -145,3 +162,56 @@ def test_argument_errors_come_before_jax_loads(tmp_path, args):
   run = _exit_of(list(args))
   assert run.stdout.split() == ["2", "False", "False"], (run.stdout, run.stderr[-2000:])
   assert "error" in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]
+
+
+def test_a_run_names_its_workdir_first_and_each_variant_has_its_own(tmp_path):
+  """Without --workdir a run goes to workdirs/<config stem>[_<variant>]: the first line it
+  prints says where (here the run then stops at a bad value, before any training)."""
+  from t2mlr_jax.main import default_workdir
+  assert default_workdir("configs/s5_retrieval.py:tiny") == os.path.join(
+      "workdirs", "s5_retrieval_tiny")
+  assert default_workdir("configs/s5_retrieval.py") == os.path.join("workdirs", "s5_retrieval")
+  assert default_workdir("/x/configs/lm_gutenberg.py:lrt_shared") == os.path.join(
+      "workdirs", "lm_gutenberg_lrt_shared")
+  run = _run("t2mlr_jax.main", f"--config={TINY}", "--config.train.num_steps=-1", cwd=tmp_path)
+  assert run.returncode == 2, run.stderr[-2000:]
+  first = run.stdout.splitlines()[0]
+  assert first.startswith(f"workdir: {os.path.join('workdirs', 's5_retrieval_tiny')} "), first
+
+
+def test_a_missing_tokenizer_names_the_flag(monkeypatch):
+  """A workdir without a tokenizer, opened by a command (field --model): the hint names
+  the command's flag, --tokenizer."""
+  from ml_collections import config_dict
+
+  from t2mlr_jax import checkpoint
+  from t2mlr_jax.convert import loading
+  monkeypatch.setattr(loading, "_source_format", lambda path, field: "workdir")
+  monkeypatch.setattr(checkpoint, "load_config", lambda path, step=None: config_dict.ConfigDict(
+      {"data": {"task": "s5_retrieval"}, "model": {"init_from": None}}))
+  with pytest.raises(ValueError, match="pass --tokenizer=DIR"):
+    loading.find_tokenizer("run", field="--model")
+  with pytest.raises(ValueError, match="; pass tokenizer=DIR"):
+    loading.find_tokenizer("run")
+
+
+def test_the_eta_after_a_resume_counts_this_process_steps_only():
+  """Resumed at step 5900 of 6000 at 2 steps/s: the ETA is about 50 s, whatever the
+  steps before the resume or an evaluation in between took."""
+  import io
+
+  from t2mlr_jax.train.metrics import Progress
+  now = [0.0]
+  out = io.StringIO()
+  bar = Progress(6000, 5900, stream=out, clock=lambda: now[0])
+  now[0] += 30.0                  # the first step, compiling
+  bar.compiled()
+  now[0] += 4.5                   # 9 more steps at 2 steps/s
+  bar.update(10, loss=1.0)
+  with bar.paused():
+    now[0] += 300.0               # an evaluation
+  now[0] += 5.0
+  bar.update(10, loss=0.9)
+  lines = out.getvalue().splitlines()
+  assert lines[0].endswith("(2 step/s, eta 45s)"), lines
+  assert lines[1].endswith("(2 step/s, eta 40s)"), lines

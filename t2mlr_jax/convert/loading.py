@@ -84,11 +84,11 @@ def find_tokenizer(path: str, step: Optional[int] = None, *,
         looked.append(os.path.join(copy, "tokenizer.json"))
         if _has_tokenizer_json(copy):
           return FoundTokenizer(load_tokenizer(copy), copy, bos)
-    for field in ("data.tokenizer", "model.init_from"):
-      section, name = field.split(".")
+    for key in ("data.tokenizer", "model.init_from"):
+      section, name = key.split(".")
       where = config.get(section, {}).get(name)
       if where:
-        looked.append(f"{os.path.join(where, 'tokenizer.json')} ({field})")
+        looked.append(f"{os.path.join(where, 'tokenizer.json')} ({key})")
         if _has_tokenizer_json(where):
           return FoundTokenizer(load_tokenizer(where), where, False)
   flag = "--tokenizer" if field.startswith("--") else "tokenizer"

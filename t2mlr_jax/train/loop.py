@@ -427,7 +427,8 @@ def _steps(run: _Run, cleanup: contextlib.ExitStack, progress: bool) -> dict:
         last = _log(run, step, window, time.perf_counter() - window_start, step_flops, bar)
         window, window_start = [], time.perf_counter()
       if step % t.eval_every == 0 or step == t.num_steps:
-        _evaluate(run, step)
+        with bar.paused():          # the rate and the ETA count training steps only
+          _evaluate(run, step)
         window_start = time.perf_counter()
       if step % t.checkpoint_every == 0 or step == stop_at or stopping:
         run.save(step)

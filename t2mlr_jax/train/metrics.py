@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -102,12 +103,15 @@ def read_metrics(workdir: str, record_type: Optional[str] = "train") -> list[dic
 class Progress:
   """Training progress: a tqdm bar (loss, tokens/s, ETA) on a terminal; where no bar can
   render (a log file, a notebook cell, a pipe) one line per update instead, so a run is
-  never silent between evaluations. Rates and the ETA count from `compiled()` (after
-  the first step, which compiles) when the loop calls it."""
+  never silent between evaluations. Rates and the ETA count the steps this process ran
+  after `compiled()` (the first step, which compiles; a resumed run's steps before it
+  never count) over the time they took, evaluations (`paused()`) left out."""
 
-  def __init__(self, total: int, initial: int, enabled: bool = True, stream=None):
-    self.bar, self.lines, self.stream = None, None, stream
-    self.total, self.done, self.start, self.first = total, initial, time.perf_counter(), initial
+  def __init__(self, total: int, initial: int, enabled: bool = True, stream=None,
+               clock=time.perf_counter):
+    self.bar, self.lines, self.stream, self.clock = None, None, stream, clock
+    self.total, self.done, self.first = total, initial, initial
+    self.start, self.idle = clock(), 0.0     # idle: seconds paused since `start`
     self.skip = 0                # steps already counted at compiled() (the bar's initial)
     self.terminal = enabled and getattr(sys.stderr if stream is None else stream, "isatty",
                                         lambda: False)()
@@ -120,10 +124,26 @@ class Progress:
 
   def compiled(self) -> None:
     """The first step (its compile) is done: measure rates from here."""
-    self.start, self.first = time.perf_counter(), self.done + 1
+    self.start, self.idle, self.first = self.clock(), 0.0, self.done + 1
     if self.terminal and self.bar is None:
       self._open_bar(self.done + 1)
       self.skip = 1
+
+  @contextlib.contextmanager
+  def paused(self):
+    """Time spent inside (an evaluation) counts in neither the rate nor the ETA."""
+    began = self.clock()
+    try:
+      yield
+    finally:
+      self.idle += self.clock() - began
+      if self.bar is not None:
+        self.bar.unpause()
+
+  def rate(self) -> float:
+    """Steps per second over the steps this process ran since `compiled()`."""
+    elapsed = self.clock() - self.start - self.idle
+    return (self.done - self.first) / max(elapsed, 1e-9)
 
   def update(self, steps: int, **postfix) -> None:
     self.done += steps
@@ -131,13 +151,12 @@ class Progress:
     if self.terminal:
       if self.bar is None:
         self._open_bar(self.done - steps)
+      if postfix:               # before the update, which draws the bar: this window's
+        self.bar.set_postfix(shown, refresh=False)
       self.bar.update(steps - self.skip)
       self.skip = 0
-      if postfix:
-        self.bar.set_postfix(shown, refresh=False)
     elif self.lines is not None:
-      elapsed = time.perf_counter() - self.start
-      rate = (self.done - self.first) / max(elapsed, 1e-9)
+      rate = self.rate()
       eta = (self.total - self.done) / rate if rate > 0 else float("nan")
       fields = " ".join(f"{k} {v}" for k, v in shown.items())
       self.lines.write(f"step {self.done}/{self.total} {fields} "
