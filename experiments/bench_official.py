@@ -245,7 +245,8 @@ def main():
   times = bc.alternate({"ours": lambda: ours(params, tokens), "official": official_step},
                        args.repeats)
   med = {k: bc.median(v) for k, v in times.items()}
-  f_ours = train_step_flops(cfg, BATCH, SEQ_LEN, "jacobi", args.d_forward, args.d_backward)
+  f_ours = train_step_flops(cfg, BATCH, SEQ_LEN, "jacobi", schedule_options=dict(
+      d_forward=args.d_forward, d_backward=args.d_backward))
   f_off = official_flops(cfg, args.d_forward, args.d_backward)
   result = {
       "shape": SHAPE, "batch": BATCH, "seq_len": SEQ_LEN, "dtype": "float32",

@@ -16,6 +16,7 @@ from absl import app, flags, logging
 
 from t2mlr_jax import paths, registry
 from t2mlr_jax.accel import platforms
+from t2mlr_jax.config import unknown_field
 
 USAGE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, LookupError, OSError)
 
@@ -36,6 +37,11 @@ def one_line(error: BaseException, args: Sequence[str] = ()) -> str:
     given = next((a.split("=")[0] for a in args if a.startswith("--config.")
                   and a.split("=")[0].endswith("." + wrong)), wrong)
     return f"unknown config field {given}: did you mean {right}?"
+  missing = re.fullmatch(r"\"?'(\w+)'\"?", text)   # config_dict's KeyError: a field it lacks
+  given = missing and next((a for a in args if a.startswith("--config.")
+                            and a.split("=")[0].endswith("." + missing.group(1))), None)
+  if given:
+    return unknown_field(given.split("=")[0][len("--config."):], given.partition("=")[2])
   return text
 
 

@@ -12,7 +12,10 @@ registry (a leaf), where the types and the schedules' options are looked up.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import types
+import typing
 from typing import Any, ClassVar, Mapping, Optional
 
 from t2mlr_jax.registry import (
@@ -37,6 +40,68 @@ def invalid(field: str, value: Any, allowed: str, prefix: str = "") -> None:
   raise ValueError(f"{prefix}{field}={value!r} is invalid: allowed {allowed}")
 
 
+# what a field of a config dataclass may hold (each also `| None` / Optional): the
+# experiment config's groups hold these, each overridable on the command line as its type
+FIELD_TYPES = (bool, int, float, str, tuple)
+FIELD_TYPES_TEXT = ("bool, int, float, str or tuple (tuple[int, ...] too), each optionally "
+                    "| None (Optional[...])")
+
+
+def field_types(cls, skip=(), nested: bool = True) -> dict:
+  """{field: (type, may be None)} of a config dataclass, the annotations read with
+  typing.get_type_hints (strings, as `from __future__ import annotations` leaves them, or
+  real ones): one of FIELD_TYPES, or (`nested`) a nested config dataclass, its class
+  (ModelConfig.rope_scaling). Any other type is a ValueError naming the class, the field
+  and the types allowed. `skip`: fields not read."""
+  try:
+    hints = typing.get_type_hints(cls)
+  except Exception as e:   # a string annotation naming what the class's module lacks
+    raise ValueError(f"{cls.__name__}: its field annotations cannot be resolved ({e}): "
+                     f"allowed {FIELD_TYPES_TEXT}") from None
+  return {f.name: _field_type(cls, f.name, hints[f.name], nested)
+          for f in dataclasses.fields(cls) if f.name not in skip}
+
+
+def _field_type(cls, name: str, hint, nested: bool) -> tuple:
+  """(type, may be None) of one annotation; see `field_types`."""
+  optional, inner = False, hint
+  if typing.get_origin(hint) in (typing.Union, types.UnionType):
+    args = typing.get_args(hint)
+    rest = [a for a in args if a is not type(None)]
+    optional = len(rest) < len(args)
+    inner = rest[0] if len(rest) == 1 else hint
+  base = typing.get_origin(inner) or inner
+  if base in FIELD_TYPES or (nested and isinstance(base, type)
+                             and dataclasses.is_dataclass(base)):
+    return base, optional
+  shown = getattr(hint, "__name__", None) if isinstance(hint, type) else None
+  raise ValueError(f"{cls.__name__}.{name}: {shown or hint} is a type a config field cannot "
+                   f"hold: allowed {FIELD_TYPES_TEXT}")
+
+
+def moved_option(owner: str, name: str, value: Any = ...) -> Optional[str]:
+  """The error of a training schedule's option given as a field of `owner` (code written
+  before the options moved to `ModelConfig.schedule_options`); None for any other name."""
+  if name not in schedule_option_defaults():
+    return None
+  shown = "..." if value is ... else repr(value)
+  return (f"{owner} has no field {name}: schedule options moved to "
+          f"ModelConfig(schedule_options={{{name!r}: {shown}}}) "
+          f"(or --config.model.schedule_options.{name})")
+
+
+def unknown_field(path: str, value: str = "...") -> str:
+  """The one-line error of a command-line override of a field the experiment config lacks
+  (`--config.model.recurrence.d_forward=8`: path "model.recurrence.d_forward", value
+  "8"): a schedule's option given as a recurrence field names its place."""
+  head, _, name = path.rpartition(".")
+  try:
+    value = ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    pass
+  moved = moved_option(head, name, value) if head == "model.recurrence" else None
+  return moved or f"unknown config field --config.{path}"
+
 
 class _Replaceable:
   """Mixin giving frozen dataclasses a validated `.replace(**kw)`."""
@@ -45,6 +110,10 @@ class _Replaceable:
     """A copy with the given fields changed, validated again (unknown names refused)."""
     names = {f.name for f in dataclasses.fields(self)}
     unknown = sorted(set(kw) - names)
+    for name in unknown:
+      moved = moved_option(type(self).__name__, name, kw[name])
+      if moved:
+        raise ValueError(moved)
     if unknown:
       raise ValueError(
           f"{type(self).__name__} has no field(s) {unknown}; fields are {sorted(names)}")
@@ -91,6 +160,16 @@ class RecurrenceConfig(_Replaceable):
   parallel_runs_mixer: ClassVar[bool] = False
   replaces_value_embeds: ClassVar[bool] = False
 
+  def __new__(cls, *args, **kw):
+    """A schedule's option given as a field (`T2MLRConfig(d_forward=8)`) is one ValueError
+    naming its place, `ModelConfig.schedule_options`."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    for name in kw:
+      moved = None if name in names else moved_option(cls.__name__, name, kw[name])
+      if moved:
+        raise ValueError(moved)
+    return super().__new__(cls)
+
   def to_dict(self) -> dict:
     """The fields and the type name, as `recurrence_from_dict` reads them back."""
     return {"type": type(self).type, **dataclasses.asdict(self)}
@@ -121,8 +200,10 @@ class ScheduleOptions:
     for schedule in SCHEDULES.values():      # each declaring schedule checks its values
       names = schedule.option_defaults()
       if names and set(names) & set(given):
+        declared = field_types(schedule.options)     # a tuple read back from JSON: a list
         try:
-          options = schedule.options(**{k: resolved[k] for k in names})
+          options = schedule.options(**{k: _as_tuple(resolved[k]) if declared[k][0] is tuple
+                                        else resolved[k] for k in names})
         except ValueError as e:
           raise ValueError(f"schedule_options.{e}") from None
         checked.update({k: getattr(options, k) for k in names})
@@ -187,7 +268,8 @@ class ScheduleOptions:
 def recurrence_from_dict(d: dict) -> RecurrenceConfig:
   """A recurrence config from its dict; `type` defaults to "t2mlr" (exports written
   before LRT existed carry no tag). An option of another type is named as such, a
-  schedule's option as moved to `schedule_options`."""
+  schedule's option as moved to `schedule_options`; a tuple field read back from JSON
+  (a list) is a tuple again."""
   d = dict(d)
   type_name = d.pop("type", None) or default_recurrence().name
   classes = recurrence_config_classes()
@@ -206,7 +288,13 @@ def recurrence_from_dict(d: dict) -> RecurrenceConfig:
       what = f"a {owner[0]} option" if owner else "not an option of any recurrence type"
       raise ValueError(f"recurrence.{key} is {what}, not one of {type_name}'s: allowed fields of "
                        f"{cls.__name__} are {sorted(names)}")
-  return cls(**d)
+  declared = field_types(cls)
+  return cls(**{k: _as_tuple(v) if declared[k][0] is tuple else v for k, v in d.items()})
+
+
+def _as_tuple(value):
+  """A list (JSON's tuple) as a tuple, nested lists too; anything else as it is."""
+  return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def split_schedule_options(recurrence: dict) -> tuple[dict, dict]:

@@ -9,13 +9,13 @@ skip work). Used by the benchmarks and by the training loop's MFU metric.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Mapping, NamedTuple, Optional
 
 import jax
 
 from t2mlr_jax.accel.topologies import CARDS, GENERATIONS
 from t2mlr_jax.config import ModelConfig
-from t2mlr_jax.registry import SCHEDULES, recurrence_of
+from t2mlr_jax.registry import SCHEDULES, recurrence_of, schedule_option_defaults
 
 # Dense peak FLOP/s per device, for MFU (bf16 unless noted): the listed GPU cards and TPU
 # generations from the topology tables (per core on v2 / v3, whose devices are cores; per
@@ -96,27 +96,46 @@ def pass_costs(cfg: ModelConfig, batch: int, seq_len: int) -> PassCosts:
       sweep0_mixer=0.0 if recurrence_of(cfg).plain_state is not None else span_mixer)
 
 
-def _schedule_flops(cfg, batch, seq_len, mode, sweeps, overrides) -> tuple[float, float]:
+def _schedule_flops(cfg, batch, seq_len, mode, sweeps, given) -> tuple[float, float]:
   """(forward FLOPs, FLOPs of what carries gradient) of a registered schedule: its own
-  `flops` declaration over this model's pass costs, at the config's options (or those
-  given)."""
+  `flops` declaration over this model's pass costs, at the config's options with those
+  given (None: the config's) over them."""
   schedule = SCHEDULES.get(mode)
   options = {k: cfg.schedule_options[k] for k in schedule.option_defaults()}
-  options.update({k: v for k, v in overrides.items() if v is not None and k in options})
+  options.update({k: v for k, v in given.items() if v is not None and k in options})
   return schedule.flops(pass_costs(cfg, batch, seq_len), options, sweeps)
 
 
+def _given(schedule_options: Optional[Mapping], legacy: dict) -> dict:
+  """The schedule options a call gives: the mapping and, as code written before it took
+  one says, options as keywords (forward_flops(..., d_forward=8))."""
+  if schedule_options is not None and not isinstance(schedule_options, Mapping):
+    raise ValueError(f"schedule_options={schedule_options!r} is invalid: allowed a mapping "
+                     "of the schedule's options, e.g. {'d_forward': 8}")
+  given = {**dict(schedule_options or {}), **legacy}
+  declared = schedule_option_defaults()
+  unknown = sorted(set(given) - set(declared))
+  if unknown:
+    raise ValueError(f"schedule_options.{unknown[0]}={given[unknown[0]]!r} is invalid: "
+                     f"allowed an option of a registered schedule: {list(declared)}")
+  return given
+
+
 def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "parallel",
-                  d_forward: Optional[int] = None, sweeps: Optional[int] = None) -> float:
+                  schedule_options: Optional[Mapping] = None, sweeps: Optional[int] = None,
+                  **options) -> float:
   """FLOPs of one forward pass in `mode`.
 
   parallel: every layer once (LRT's zero-memory pass with its feedback matmuls).
   exact: every layer once plus the recurrence's matmuls (the token-by-token span does
   the same matmuls; its attention is over the causal prefix, counted as full here).
-  A training schedule: its own declaration (`registry.Schedule.flops`) over `pass_costs`,
-  e.g. jacobi: lower once, sweep 0 + (sweeps − 1) span sweeps, the final span + upper
-  pass; `sweeps` (the sweeps or passes actually run) defaults to the config's.
+  A training schedule: its own declaration (`registry.Schedule.flops`) over `pass_costs`
+  at the config's `schedule_options` with those given over them (a mapping, or keywords:
+  `d_forward=8`), e.g. jacobi: lower once, sweep 0 + (sweeps − 1) span sweeps, the final
+  span + upper pass; `sweeps` (the sweeps or passes actually run) defaults to the
+  options'.
   """
+  given = _given(schedule_options, options)
   tokens = batch * seq_len
   plain = head_flops(cfg, tokens) + cfg.n_layers * layer_flops(cfg, batch, seq_len)
   if cfg.recurrence is None:
@@ -125,18 +144,19 @@ def forward_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "paral
     return plain + (mixer_flops(cfg, tokens) if cfg.recurrence.parallel_runs_mixer else 0.0)
   if mode == "exact":
     return pass_costs(cfg, batch, seq_len).full
-  return _schedule_flops(cfg, batch, seq_len, mode, sweeps, {"d_forward": d_forward})[0]
+  return _schedule_flops(cfg, batch, seq_len, mode, sweeps, given)[0]
 
 
 def train_step_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str = "parallel",
-                     d_forward: Optional[int] = None, d_backward: Optional[int] = None,
-                     sweeps: Optional[int] = None) -> float:
+                     schedule_options: Optional[Mapping] = None,
+                     sweeps: Optional[int] = None, **options) -> float:
   """Forward + backward: 2× the forward FLOPs of what carries gradient (a schedule
-  declares which part does: Jacobi's no-gradient sweeps do not)."""
+  declares which part does: Jacobi's no-gradient sweeps do not); `schedule_options` as
+  `forward_flops` takes them."""
+  given = _given(schedule_options, options)
   if cfg.recurrence is None or mode in ("parallel", "exact"):
     return 3 * forward_flops(cfg, batch, seq_len, mode)
-  fwd, grad = _schedule_flops(cfg, batch, seq_len, mode, sweeps,
-                              {"d_forward": d_forward, "d_backward": d_backward})
+  fwd, grad = _schedule_flops(cfg, batch, seq_len, mode, sweeps, given)
   return fwd + 2 * grad
 
 

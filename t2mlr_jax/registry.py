@@ -180,6 +180,8 @@ class Schedule:
   divides by (gradient accumulation sums parts of a batch against them); None: [1].
   prefill(params, cfg, tokens, inp, tol, last_only) -> ModeOut: the exact prompt states
   computed in parallel, for `generate(prefill=name)`.
+  loss_options: options only its `pass_loss` reads (multi_refine's refine_weights): `run`
+  never sees them, so they do not key the forward's compilation.
   """
   name: str                    # what `mode=` and train.mode call it
   run: Callable                # (params, cfg, tokens, inp, options, hidden) -> ModeOut
@@ -192,6 +194,7 @@ class Schedule:
   pass_loss: Optional[Callable] = None       # weighting of its passes' losses
   token_totals: Optional[Callable] = None    # per-pass supervised-token counts
   prefill: Optional[Callable] = None         # a parallel exact prefill, generate(prefill=)
+  loss_options: tuple = ()     # options only pass_loss reads (kept out of `run`)
   source: str = ""             # the module that registered it
 
   def __post_init__(self):

@@ -1,10 +1,16 @@
 """Configuration: presets, validation with clear errors, parameter counts."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
 
-from t2mlr_jax import ModelConfig, T2MLRConfig, forward, init_params
+from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig, forward, init_params
+from t2mlr_jax.config import unknown_field
+from t2mlr_jax.registry import recurrence_config_classes, schedule_option_defaults
 
 from _util import random_tokens, tiny_cfg
 
@@ -188,3 +194,44 @@ def test_metadata_written_when_the_options_were_recurrence_fields_loads_them_mov
       "d_forward": 6, "d_backward": 3}
   current.model.schedule_options.d_forward = 7
   assert resume_conflicts(saved, current.to_dict()) == ["model.schedule_options.d_forward"]
+
+
+def test_a_schedule_option_given_as_a_recurrence_field_names_its_new_place():
+  """Code written before the options moved (`T2MLRConfig(d_forward=8)`, `LRTConfig(passes=
+  2)`, `.replace(d_backward=2)`) gets one ValueError naming the option and where it went,
+  for every registered type and every option a schedule declares."""
+  for build, owner, name, value in ((lambda: T2MLRConfig(d_forward=8), "T2MLRConfig",
+                                     "d_forward", 8),
+                                    (lambda: LRTConfig(passes=2), "LRTConfig", "passes", 2)):
+    with pytest.raises(ValueError) as e:
+      build()
+    assert str(e.value) == (f"{owner} has no field {name}: schedule options moved to "
+                            f"ModelConfig(schedule_options={{{name!r}: {value}}}) "
+                            f"(or --config.model.schedule_options.{name})")
+  for cls in recurrence_config_classes().values():
+    for name in schedule_option_defaults():
+      with pytest.raises(ValueError, match=rf"^{cls.__name__} has no field {name}: schedule "
+                                           rf"options moved to ModelConfig\("):
+        cls(**{name: 1})
+      with pytest.raises(ValueError, match=rf"schedule_options.{name}\)$"):
+        cls().replace(**{name: 1})
+  assert unknown_field("model.recurrence.d_forward", "8") == (
+      "model.recurrence has no field d_forward: schedule options moved to ModelConfig("
+      "schedule_options={'d_forward': 8}) (or --config.model.schedule_options.d_forward)")
+  assert unknown_field("model.recurrence.colour", "8") == \
+      "unknown config field --config.model.recurrence.colour"
+
+
+def test_a_schedule_option_on_the_command_line_as_a_recurrence_field_is_one_line():
+  """`--config.model.recurrence.d_forward=8` exits 2 with one line naming the new place."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run(
+      [sys.executable, "-m", "t2mlr_jax.main", "--config=configs/s5_retrieval.py:tiny",
+       "--config.model.recurrence.d_forward=8"], capture_output=True, text=True, cwd=root,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert lines == ["error: model.recurrence has no field d_forward: schedule options moved to "
+                   "ModelConfig(schedule_options={'d_forward': 8}) (or "
+                   "--config.model.schedule_options.d_forward) (--verbose for the traceback)"], \
+      proc.stderr

@@ -30,7 +30,7 @@ def test_forward_flops_match_xla(cfg):
   xla = _xla_flops(lambda p, t: forward(p, base, t, mode="parallel"), params, tokens)
   assert abs(flops.forward_flops(base, B, T) / xla - 1) < 0.10, (flops.forward_flops(base, B, T), xla)
   # Jacobi with D_f = D_b = 2: one unrolled gradient sweep (scan of length 1)
-  model = flops.forward_flops(cfg, B, T, "jacobi", d_forward=2)
+  model = flops.forward_flops(cfg, B, T, "jacobi", schedule_options={"d_forward": 2})
   xla_j = _xla_flops(lambda p, t: forward(p, cfg, t, mode="jacobi", d_forward=2, d_backward=2),
                      params, tokens)
   assert abs(model / xla_j - 1) < 0.10, (model, xla_j)
@@ -116,10 +116,30 @@ def test_the_new_schedule_pairs_flops_match_xla(cfg):
   lrt_params = init_params(lrt, jax.random.PRNGKey(0))
   cases = [(cfg, params, "interleaved", dict(passes=2), {}),
            (cfg, params, "multi_refine", dict(refine_passes=1), dict(sweeps=1)),
-           (lrt, lrt_params, "jacobi", dict(d_forward=2, d_backward=2), dict(d_forward=2))]
+           (lrt, lrt_params, "jacobi", dict(d_forward=2, d_backward=2),
+            dict(schedule_options={"d_forward": 2}))]
   from t2mlr_jax import loss
   for c, p, mode, opts, model_opts in cases:
     # the loss reads every pass's logits (a bare forward lets XLA drop pass 0's head)
     xla = _xla_flops(lambda p, t: loss(p, c, t, mode=mode, **opts), p, tokens)
     model = flops.forward_flops(c, B, T, mode, **model_opts)
     assert abs(model / xla - 1) < 0.10, (c.recurrence.type, mode, model, xla)
+
+
+def test_schedule_options_are_a_mapping_each_schedule_reads_its_own(cfg):
+  """The options a count is taken at: a mapping over the config's, each schedule reading
+  those it declares (keywords as before it took one give the same count); an option no
+  schedule declares, or options that are no mapping, are refused."""
+  at = dict(d_forward=4, d_backward=2)
+  four = flops.train_step_flops(cfg, B, T, "jacobi", schedule_options=at)
+  assert four == flops.train_step_flops(cfg, B, T, "jacobi", **at)
+  assert four == flops.train_step_flops(cfg.replace(schedule_options=at), B, T, "jacobi")
+  assert four < flops.train_step_flops(cfg, B, T, "jacobi")          # the default D_f 16
+  assert flops.forward_flops(cfg, B, T, "interleaved", schedule_options=at) == \
+      flops.forward_flops(cfg, B, T, "interleaved")                  # not its options
+  assert flops.forward_flops(cfg, B, T, "multi_refine", schedule_options={
+      "refine_passes": 1}) == flops.forward_flops(cfg, B, T, "multi_refine", sweeps=1)
+  with pytest.raises(ValueError, match=r"schedule_options.d_forwards=4 is invalid"):
+    flops.forward_flops(cfg, B, T, "jacobi", schedule_options={"d_forwards": 4})
+  with pytest.raises(ValueError, match=r"schedule_options=4 is invalid: allowed a mapping"):
+    flops.forward_flops(cfg, B, T, "jacobi", 4)

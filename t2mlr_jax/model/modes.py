@@ -337,6 +337,8 @@ def _checked_forward(params, cfg, tokens, mode, control_flow, positions, segment
   _check_side("segment_ids", segment_ids, tokens.shape)
   _check_document_starts(positions, segment_ids)
   options = mode_options(cfg, mode, tokens.shape[1], **mode_opts)
-  options.pop("refine_weights", None)          # the loss's, not the forward's
+  if options:        # the options only the schedule's loss reads stay out of the forward
+    loss_only = SCHEDULES.get(mode).loss_options
+    options = {k: v for k, v in options.items() if k not in loss_only}
   inp = seq_inputs(tokens, control_flow, positions, segment_ids)
   return _forward(params, cfg, tokens, inp, mode, tuple(sorted(options.items())), hidden)

@@ -17,7 +17,9 @@ from absl import logging
 from ml_collections import config_dict
 
 from t2mlr_jax.config import (
+  FIELD_TYPES,
   ModelConfig,
+  field_types,
   invalid,
   migrate_experiment_config,
   recurrence_from_dict,
@@ -159,30 +161,44 @@ def data_fields() -> dict:
   return out
 
 
-_PLAIN = {"int": int, "float": float, "str": str, "bool": bool}
-
-
 def config_fields(cls, skip=(), **overrides) -> dict:
   """The fields of a frozen config dataclass as the entries of an ml_collections group
   (values, or FieldReferences to keep their types) at their defaults, each overridable on
   the command line as its type; a field that may be None is a typed placeholder
-  (`--config.model.n_kv_heads=2` parses as an int). Fields whose type is not a plain int /
-  float / str / bool / tuple (nested configs) are left out, as are `skip`."""
-  out = {}
-  for f in dataclasses.fields(cls):
-    if f.name in skip:
+  (`--config.model.n_kv_heads=2` parses as an int). The annotations are read with
+  typing.get_type_hints (`config.field_types`: with or without `from __future__ import
+  annotations`); a field of a type no group can hold is a ValueError naming it. Nested
+  config dataclasses (ModelConfig.rope_scaling) are left out, as are `skip`."""
+  return _group_fields(cls, skip, overrides, nested=True)
+
+
+def _group_fields(cls, skip, overrides: dict, nested: bool) -> dict:
+  """`config_fields`; without `nested`, a nested config dataclass is refused too (a
+  recurrence type's fields and a schedule's options are each one group of plain values)."""
+  out, fields = {}, {f.name: f for f in dataclasses.fields(cls)}
+  for name, (field_type, optional) in field_types(cls, skip, nested).items():
+    if field_type not in FIELD_TYPES:       # a nested config: not a command-line field
       continue
-    value = overrides.get(f.name, f.default if f.default is not dataclasses.MISSING
-                          else f.default_factory())
-    type_name = str(f.type).replace("Optional[", "").rstrip("]")
-    if type_name in _PLAIN:
-      out[f.name] = (config_dict.placeholder(_PLAIN[type_name]) if "Optional" in str(f.type)
-                     else value)
-      if "Optional" in str(f.type) and value is not None:
-        out[f.name].set(value)
-    elif type_name == "tuple":
-      out[f.name] = value
+    value = overrides.get(name, _default(cls, fields[name]))
+    if field_type is float and isinstance(value, int) and not isinstance(value, bool):
+      value = float(value)                  # `x: float = 1` overridable as a float
+    if optional:
+      out[name] = config_dict.placeholder(field_type)
+      if value is not None:
+        out[name].set(value)
+    else:
+      out[name] = value
   return out
+
+
+def _default(cls, f):
+  """A field's default; a field without one is a ValueError naming it."""
+  if f.default is not dataclasses.MISSING:
+    return f.default
+  if f.default_factory is not dataclasses.MISSING:
+    return f.default_factory()
+  raise ValueError(f"{cls.__name__}.{f.name} has no default: allowed a field with a default "
+                   "(each is the command line's starting value)")
 
 
 def recurrence_config(type_name: str, **overrides) -> config_dict.ConfigDict:
@@ -203,7 +219,8 @@ def recurrence_config(type_name: str, **overrides) -> config_dict.ConfigDict:
   if unknown:
     _fail(f"model.recurrence.{unknown[0]}", overrides[unknown[0]],
           f"a field of {type_name}: {sorted(names)}")
-  fields = {} if entry.config is None else config_fields(entry.config, **overrides)
+  fields = ({} if entry.config is None
+            else _group_fields(entry.config, (), overrides, nested=False))
   return config_dict.ConfigDict({"type": type_name, **fields})
 
 
@@ -218,7 +235,7 @@ def schedule_options_config(**overrides) -> config_dict.ConfigDict:
   fields = {}
   for schedule in SCHEDULES.values():
     if schedule.options is not None:
-      fields.update(config_fields(schedule.options, **overrides))
+      fields.update(_group_fields(schedule.options, (), overrides, nested=False))
   return config_dict.ConfigDict(fields)
 
 

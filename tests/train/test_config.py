@@ -5,14 +5,26 @@ import dataclasses
 import json
 import os
 import sys
+from typing import ClassVar, Optional
 
 import pytest
-from ml_collections import config_dict
+from absl import flags
+from ml_collections import config_dict, config_flags
 
-from t2mlr_jax.config import migrate_experiment_config
+from t2mlr_jax import checkpoint, registry
+from t2mlr_jax.config import RecurrenceConfig, migrate_experiment_config
 from t2mlr_jax.data import sft
+from t2mlr_jax.model.recurrence import t2mlr as t2mlr_module
 from t2mlr_jax.train import tasks
-from t2mlr_jax.train.config import base_config, data_config, resume_conflicts, validate
+from t2mlr_jax.train.config import (
+  base_config,
+  config_fields,
+  data_config,
+  model_config,
+  recurrence_config,
+  resume_conflicts,
+  validate,
+)
 from t2mlr_jax.train.data_configs import (
   DATA_CONFIGS,
   SFT_FORMATS,
@@ -121,3 +133,124 @@ def test_saved_configs_with_the_flat_data_group_still_build():
   d = data_config(read)
   assert (d.value_curriculum, d.group_curriculum, d.eval_lengths) == ("", "", None)
   assert d.max_actions == s5["data"]["max_actions"]
+
+
+# A user's recurrence config written without `from __future__ import annotations` (this
+# file has none): its annotations are real types, not strings.
+@dataclasses.dataclass(frozen=True)
+class RealAnnotations(RecurrenceConfig):
+  """Every kind of field a config may hold, annotated with real types."""
+  type: ClassVar[str] = "real_annotations"
+  default_schedule: ClassVar[str] = "jacobi"
+  r: int = 2
+  scale: float | None = None
+  bias: Optional[float] = 0.5
+  gated: bool = True
+  dims: tuple[int, ...] = (1, 2)
+
+  def span(self, model) -> tuple[int, int]:
+    return 0, model.n_layers - 1
+
+  def num_params(self, model) -> int:
+    return 0
+
+  def mixer_flops(self, model, tokens: int, layers=None) -> float:
+    return 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RealOptions:
+  """A schedule's options, annotated with real types."""
+  real_sizes: tuple[int, ...] = (1,)
+  real_tol: float | None = None
+
+
+@pytest.fixture
+def real_annotations(tmp_path):
+  """RealAnnotations and a schedule with RealOptions registered (gone after the test) and
+  a config file naming the type."""
+  registry.RECURRENCES.register(registry.RecurrenceType.from_module(
+      t2mlr_module, name="real_annotations", config=RealAnnotations))
+  registry.SCHEDULES.register(registry.Schedule(
+      name="real_schedule", run=None, flops=lambda costs, options, sweeps: (0.0, 0.0),
+      options=RealOptions))
+  path = tmp_path / "real_annotations.py"
+  path.write_text("from t2mlr_jax.train.config import base_config, recurrence_config\n\n\n"
+                  "def get_config():\n  c = base_config()\n"
+                  "  c.model.recurrence = recurrence_config('real_annotations')\n"
+                  "  return c\n")
+  yield str(path)
+  registry.RECURRENCES.unregister("real_annotations")
+  registry.SCHEDULES.unregister("real_schedule")
+
+
+def _parsed(path, *overrides):
+  """The experiment config as the command line builds it (config_flags, main.py's flag)."""
+  argv = ["prog", f"--config={path}", *overrides]
+  values = flags.FlagValues()
+  holder = config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                           sys_argv=argv)
+  values(argv)
+  return holder.value
+
+
+def test_a_config_without_the_future_import_keeps_every_field(real_annotations):
+  """Real annotations (int, float | None, Optional[float], bool, tuple[int, ...]) of a
+  type's config and a schedule's options are read with get_type_hints: every field is in
+  its group, overridable on the command line as its type, and round-trips through the
+  checkpoint's record of the model config and of the experiment config."""
+  group = recurrence_config("real_annotations")
+  assert set(group) == {"type", "r", "scale", "bias", "gated", "dims"}
+  assert {"real_sizes", "real_tol"} <= set(base_config().model.schedule_options)
+  c = _parsed(real_annotations, "--config.model.recurrence.r=4",
+              "--config.model.recurrence.scale=0.25", "--config.model.recurrence.bias=0.75",
+              "--config.model.recurrence.gated=false", "--config.model.recurrence.dims=(3,4,5)",
+              "--config.model.schedule_options.real_sizes=(2,3)",
+              "--config.model.schedule_options.real_tol=0.5")
+  cfg = model_config(c)
+  assert cfg.recurrence == RealAnnotations(r=4, scale=0.25, bias=0.75, gated=False,
+                                           dims=(3, 4, 5))
+  assert cfg.schedule_options.explicit() == {"real_sizes": (2, 3), "real_tol": 0.5}
+  meta = json.loads(json.dumps({"model_family": type(cfg).__name__,
+                                "model_config": cfg.to_dict()}))
+  assert meta["model_config"]["recurrence"]["r"] == 4
+  back = checkpoint.model_config_from_meta(meta)
+  assert back == cfg and hash(back) == hash(cfg)
+  saved = json.loads(json.dumps(c.to_dict()))
+  assert model_config(config_dict.ConfigDict(saved)) == cfg
+  assert resume_conflicts(saved, c.to_dict()) == []
+
+
+def test_a_field_no_group_can_hold_is_an_error_naming_it():
+  """A field of another type (a dict, a list; in a type's config, a nested dataclass) is
+  refused naming the class, the field and the types allowed, not left out of the group."""
+  @dataclasses.dataclass(frozen=True)
+  class Inner:
+    depth: int = 1
+
+  @dataclasses.dataclass(frozen=True)
+  class Nesting(RealAnnotations):
+    type: ClassVar[str] = "nesting"
+    inner: Inner = Inner()
+
+  registry.RECURRENCES.register(registry.RecurrenceType.from_module(
+      t2mlr_module, name="nesting", config=Nesting))
+  try:
+    with pytest.raises(ValueError, match=r"^Nesting.inner: Inner is a type a config field "
+                                         "cannot hold: allowed bool, int"):
+      recurrence_config("nesting")
+  finally:
+    registry.RECURRENCES.unregister("nesting")
+  @dataclasses.dataclass(frozen=True)
+  class Odd:
+    table: dict = dataclasses.field(default_factory=dict)
+
+  @dataclasses.dataclass(frozen=True)
+  class Listed:
+    sizes: list[int] = dataclasses.field(default_factory=list)
+
+  for cls, field, shown in ((Odd, "table", "dict"), (Listed, "sizes", "list[int]")):
+    with pytest.raises(ValueError) as e:
+      config_fields(cls)
+    assert str(e.value).startswith(f"{cls.__name__}.{field}: {shown} is a type a config "
+                                   "field cannot hold: allowed bool, int, float, str or tuple")

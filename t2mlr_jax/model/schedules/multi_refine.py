@@ -114,4 +114,4 @@ def pass_loss(pass_logits, labels_BT, options: dict, totals=None):
 
 SCHEDULE = SCHEDULES.register(Schedule(
     name="multi_refine", run=run, flops=flops, options=RefineOptions, pass_loss=pass_loss,
-    source=__name__))
+    loss_options=("refine_weights",), source=__name__))
