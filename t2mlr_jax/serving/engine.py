@@ -12,13 +12,16 @@ more room before the index they roll right. Batch sizes and cache lengths come i
 buckets: the state moves to a bigger bucket when a request needs it and back once rows
 leave, between steps, by host copies that compile nothing. What compiles is one
 generate step and one insert per (batch, cache) bucket and one prefill per (prompt
-bucket, cache bucket, prompt control flow, echo) in use: `warmup` compiles them ahead.
+bucket, prompt control flow, echo) in use, a prompt's cache widened to each cache bucket
+by one small program per (prompt bucket, cache bucket): `warmup` compiles them all ahead.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import os
 from typing import NamedTuple, Optional, Sequence
 
 import jax
@@ -34,6 +37,8 @@ from t2mlr_jax.registry import family_of
 
 MIN_PROMPT_BUCKET = 16
 MIN_CACHE_BUCKET = 128
+SERVING_MAX_LEN = 2048    # the default max_len: min(the model's context, this); docs/serving.md
+CACHE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 TOP_LOGPROBS = 5          # top alternatives kept per token (OpenAI's completions cap)
 
 
@@ -158,18 +163,17 @@ def _draw_keys(slots: Slots):
   return jax.vmap(jax.random.fold_in)(slots.key, slots.step)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "recurrent", "echo"))
-def _prefill(params, cfg, tokens_1P, length, cf_1P, cache_len: int, recurrent: bool,
-             echo: bool):
-  """A left-padded prompt (its last `length` tokens real) at cache length S; with echo
-  also each real token's log-probability and the top alternatives."""
+@functools.partial(jax.jit, static_argnames=("cfg", "recurrent", "echo"))
+def _prefill(params, cfg, tokens_1P, length, cf_1P, recurrent: bool, echo: bool):
+  """A left-padded prompt (its last `length` tokens real), its cache P slots long; with
+  echo also each real token's log-probability and the top alternatives."""
   P = tokens_1P.shape[1]
   t = jnp.arange(P)[None]
   pad = P - length
   real = t >= pad
   inp = SeqInputs(jnp.where(real, cf_1P, CF_PAD).astype(jnp.int32),
                   jnp.maximum(t - pad, 0).astype(jnp.int32), real.astype(jnp.int32))
-  logits, dec = prefill(params, cfg, tokens_1P, inp, cache_len, recurrent_prompt=recurrent,
+  logits, dec = prefill(params, cfg, tokens_1P, inp, P, recurrent_prompt=recurrent,
                         last_only=not echo)
   kv = tuple(KV(c.k, c.v) for c in dec.kv)
   last = logits[:, -1] if echo else logits
@@ -177,6 +181,14 @@ def _prefill(params, cfg, tokens_1P, length, cf_1P, cache_len: int, recurrent: b
   if echo:                      # position t predicts token t + 1
     scores = _logprobs(logits[0, :-1], tokens_1P[0, 1:])
   return (kv, dec.valid[0], dec.state[0], dec.positions[0], last[0]), scores
+
+
+@functools.partial(jax.jit, static_argnames=("cache_len",))
+def _widen(kv, valid_P, cache_len: int):
+  """A prefill's cache and valid slots [.., P, ..] zero-padded to S = cache_len slots."""
+  def pad(a):
+    return jnp.pad(a, [(0, 0), (0, cache_len - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
+  return tuple(KV(pad(c.k), pad(c.v)) for c in kv), pad(valid_P[None])[0]
 
 
 @functools.partial(jax.jit, donate_argnames=("slots",))
@@ -220,9 +232,9 @@ def _generate(params, layers, cfg, slots: Slots, return_logits: bool = False):
 _split_layers = jax.jit(split_layers)
 
 
-def _empty_slots(cfg, batch: int, cache_len: int) -> Slots:
-  """Host slots of `batch` free rows and `cache_len` cache slots (zeros)."""
-  dtype = jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
+def _empty_slots(cfg, batch: int, cache_len: int, dtype) -> Slots:
+  """Host slots of `batch` free rows and `cache_len` cache slots (zeros), the KV cache in
+  `dtype`."""
   zeros = np.zeros((batch * cfg.n_kv_heads, cache_len, cfg.head_dim), dtype)
   caches = tuple(KV(zeros, zeros) for _ in range(cfg.n_layers))
   dec = DecodeState(caches, np.zeros((batch, cfg.d_model), np.float32),
@@ -271,7 +283,8 @@ class Engine:
   slot and draws its first token, `step` draws the next token of every slot, `release`
   frees a slot. Not thread-safe: one thread drives it (the server's)."""
 
-  def __init__(self, cfg, params, *, max_batch: int = 8, max_len: Optional[int] = None):
+  def __init__(self, cfg, params, *, max_batch: int = 8, max_len: Optional[int] = None,
+               cache_dtype: Optional[str] = None):
     family = family_of(cfg)
     if not family.decodes:
       raise ValueError(f"a {family.name} model has no decode step: the engine serves models "
@@ -279,14 +292,20 @@ class Engine:
     if not isinstance(max_batch, int) or max_batch < 1:
       raise ValueError(f"max_batch={max_batch!r} is invalid: allowed an integer >= 1")
     limit = cfg.max_seq_len
-    max_len = limit if max_len is None else max_len
+    max_len = min(limit, SERVING_MAX_LEN) if max_len is None else max_len
     if not isinstance(max_len, int) or not 2 <= max_len <= limit:
-      raise ValueError(f"max_len={max_len!r} is invalid: allowed 2..max_seq_len={limit}")
+      raise ValueError(f"max_len={max_len!r} is invalid: allowed 2..{limit} (the model's "
+                       "context)")
+    cache_dtype = cfg.dtype if cache_dtype is None else cache_dtype
+    if cache_dtype not in CACHE_DTYPES:
+      raise ValueError(f"cache_dtype={cache_dtype!r} is invalid: allowed "
+                       f"{' or '.join(CACHE_DTYPES)}")
     # on the device once, whatever the loader returned (a GGUF's are numpy arrays): a step
     # given host arrays would copy every weight to the device at every token
     params = jax.device_put(params)
     self.cfg, self.params = cfg, params
     self.max_batch, self.max_len = max_batch, max_len
+    self.cache_dtype = CACHE_DTYPES[cache_dtype]
     self.batch_buckets = _buckets(1, max_batch)
     self.cache_buckets = _buckets(min(MIN_CACHE_BUCKET, max_len), max_len)
     self.prompt_buckets = _buckets(min(MIN_PROMPT_BUCKET, max_len), max_len)
@@ -322,6 +341,13 @@ class Engine:
       raise ValueError(f"the prompt's {prompt_len} tokens + max_tokens={max_tokens} exceed "
                        f"the context of {self.max_len} tokens")
 
+  def cache_bytes(self, batch: Optional[int] = None, cache_len: Optional[int] = None) -> int:
+    """Bytes of the KV cache at `batch` rows and `cache_len` slots (default: the largest,
+    max_batch and max_len): the nbytes of the cache arrays the engine holds there."""
+    slots = _empty_slots(self.cfg, batch or self.max_batch, cache_len or self.max_len,
+                         self.cache_dtype)
+    return sum(a.nbytes for kv in slots.decode.kv for a in kv)
+
   def _needs(self) -> list:
     return [self.need[r] for r in range(self.batch) if self.rows[r] is not None]
 
@@ -333,7 +359,7 @@ class Engine:
   def _reshape(self, batch: int, cache_len: int, order: Sequence[int]) -> None:
     """Move to `batch` rows and `cache_len` slots, keeping rows `order` (in that order)
     and the tokens before the index (right-aligned to it): host copies, no compile."""
-    new = _empty_slots(self.cfg, batch, cache_len)
+    new = _empty_slots(self.cfg, batch, cache_len, self.cache_dtype)
     if self.slots is None:
       self.slots = jax.device_put(new)
       self.rows, self.need, self.span = [None] * batch, [0] * batch, [0] * batch
@@ -395,8 +421,10 @@ class Engine:
     cf = np.full((1, P), control_flow, np.int32)
     recurrent = control_flow == CF_RECURRENT and self.cfg.recurrence is not None
     (kv, valid, state, position, logits), scores = _prefill(
-        self.params, self.cfg, jax.device_put(tokens), jnp.int32(L), jax.device_put(cf), S,
-        recurrent, bool(echo))
+        self.params, self.cfg, jax.device_put(tokens), jax.device_put(np.int32(L)),
+        jax.device_put(cf), recurrent, bool(echo))
+    if S > P:
+      kv, valid = _widen(kv, valid, S)
     pre = Prefilled(kv, valid, state, position, logits, L, P, S)
     if scores is not None:
       lp, ids, top = (np.asarray(x) for x in scores)
@@ -418,12 +446,9 @@ class Engine:
     if pre.cache_len != self.cache_len:          # the bucket moved since its prefill
       pre = self._recache(pre)
     row = self.rows.index(None)
-    key = jax.random.PRNGKey(sampling.seed)
-    self.slots, out = _insert(
-        self.slots, pre.kv, pre.valid, pre.state, pre.position, pre.logits,
-        jnp.int32(pre.prompt_bucket), jnp.int32(row), jnp.int32(control_flow),
-        jnp.float32(sampling.temperature), jnp.int32(sampling.top_k),
-        jnp.float32(sampling.top_p), key, jnp.bool_(logprobs))
+    self.slots, out = _insert(self.slots, pre.kv, pre.valid, pre.state, pre.position,
+                              pre.logits, *_insert_settings(pre.prompt_bucket, row, control_flow,
+                                                            sampling, logprobs))
     self.rows[row] = owner
     self.span[row] = pre.length
     self.need[row] = pre.length + max_tokens
@@ -479,33 +504,75 @@ class Engine:
     token, logp, ids, top = (np.asarray(x) for x in out)
     return TokenOut(int(token), float(logp), ids, top)
 
-  def warmup(self, prompt_lengths: Sequence[int] = (1,), control_flows=(CF_RECURRENT,),
-             echo: Sequence[bool] = (False,)) -> int:
-    """Compile ahead what requests will run: the generate step and insert of every
-    (batch, cache) bucket and the prefill of each given prompt length's bucket at every
-    cache bucket that holds it, for each control flow and echo setting. Returns the
-    number of programs run."""
-    ran = 0
-    V = self.cfg.vocab_size
-    for S in self.cache_buckets:
-      for P in sorted({self.prompt_bucket(n) for n in prompt_lengths}):
-        for cf in (control_flows if P <= S else ()):
-          for e in echo:
-            recurrent = cf == CF_RECURRENT and self.cfg.recurrence is not None
-            jax.block_until_ready(_prefill(
-                self.params, self.cfg, jnp.zeros((1, P), jnp.int32), jnp.int32(1),
-                jnp.full((1, P), cf, jnp.int32), S, recurrent, bool(e)))
-            ran += 1
-      one = _empty_slots(self.cfg, 1, S).decode
-      for B in self.batch_buckets:
-        slots = jax.device_put(_empty_slots(self.cfg, B, S))
-        slots, _ = _insert(slots, jax.device_put(one.kv), jnp.zeros(S, bool),
-                           jnp.zeros(self.cfg.d_model, jnp.float32), jnp.int32(1),
-                           jnp.zeros(V, jnp.float32), jnp.int32(1), jnp.int32(0),
-                           jnp.int32(CF_RECURRENT), jnp.float32(0), jnp.int32(0),
-                           jnp.float32(1), jax.random.PRNGKey(0), jnp.bool_(True))
-        slots = slots._replace(decode=slots.decode._replace(index=jnp.int32(1)))
-        jax.block_until_ready(_generate(self.params, self.layers, self.cfg, slots,
-                                        return_logits=False))
-        ran += 2
-    return ran
+  def warmup(self, prompt_lengths: Optional[Sequence[int]] = None,
+             control_flows=(CF_RECURRENT,), echo: Sequence[bool] = (False,)) -> int:
+    """Compile ahead, without running them, the programs requests will run: the generate
+    step and insert of every (batch, cache) bucket, and the prefill of each prompt
+    bucket (every one up to max_len, or those of `prompt_lengths`) for each control flow
+    and echo setting with its widening to every longer cache bucket; traced here, compiled
+    on up to eight cores at once. Returns the number of programs compiled."""
+    if prompt_lengths is None:
+      prompt_buckets = self.prompt_buckets
+    else:
+      prompt_buckets = sorted({self.prompt_bucket(n) for n in prompt_lengths})
+    with concurrent.futures.ThreadPoolExecutor(min(os.cpu_count() or 1, 8)) as pool:
+      compiled = [pool.submit(fn.lower(*args, **kwargs).compile)
+                  for fn, args, kwargs in _programs(self, prompt_buckets, control_flows, echo)]
+    for c in compiled:
+      c.result()
+    return len(compiled)
+
+
+def _insert_settings(prompt_bucket: int, row: int, control_flow: int, sampling: Sampling,
+                     logprobs: bool) -> tuple:
+  """An insert's per-request values, put on the device explicitly (a step transfers
+  nothing implicitly: tests run it under `jax.transfer_guard`)."""
+  return jax.device_put((np.int32(prompt_bucket), np.int32(row), np.int32(control_flow),
+                         np.float32(sampling.temperature), np.int32(sampling.top_k),
+                         np.float32(sampling.top_p),
+                         host_key(sampling.seed), np.bool_(logprobs)))
+
+
+def host_key(seed: int) -> np.ndarray:
+  """`jax.random.PRNGKey(seed)` made on the host ([2] uint32, threefry without x64: the
+  seed's low 32 bits), so that no seed is transferred implicitly."""
+  return np.array([0, seed & 0xFFFFFFFF], np.uint32)
+
+
+def _spec(tree):
+  """The shapes and dtypes of a tree of arrays (what lowering a program needs)."""
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), tree)
+
+
+def _programs(engine: Engine, prompt_buckets: Sequence[int], control_flows, echo):
+  """(jitted function, arguments, keyword arguments) of each distinct program the
+  engine runs for these prompt buckets: what `Engine.warmup` compiles."""
+  cfg, seen = engine.cfg, set()
+  i32 = jax.ShapeDtypeStruct((), jnp.int32)
+  for P in prompt_buckets:
+    tokens = jax.ShapeDtypeStruct((1, P), jnp.int32)
+    for cf in control_flows:
+      for e in echo:
+        recurrent = cf == CF_RECURRENT and cfg.recurrence is not None
+        if (P, recurrent, bool(e)) not in seen:
+          seen.add((P, recurrent, bool(e)))
+          yield _prefill, (engine.params, cfg, tokens, i32, tokens, recurrent, bool(e)), {}
+    kv, valid = _prefill_spec(engine, P)[:2]
+    for S in engine.cache_buckets:
+      if S > P:
+        yield _widen, (kv, valid, S), {}
+  for S in engine.cache_buckets:
+    pre = _prefill_spec(engine, S)
+    settings = _spec(_insert_settings(1, 0, CF_RECURRENT, Sampling(), True))
+    for B in engine.batch_buckets:
+      slots = _spec(_empty_slots(cfg, B, S, engine.cache_dtype))
+      yield _insert, (slots, *pre, *settings), {}
+      yield _generate, (engine.params, engine.layers, cfg, slots), {"return_logits": False}
+
+
+def _prefill_spec(engine: Engine, P: int):
+  """Shapes of a prefill's (kv, valid, state, position, logits) of a P-token bucket."""
+  tokens = jax.ShapeDtypeStruct((1, P), jnp.int32)
+  run = lambda params, tokens_1P, length: _prefill(params, engine.cfg, tokens_1P, length,
+                                                   tokens_1P, False, False)
+  return jax.eval_shape(run, engine.params, tokens, jax.ShapeDtypeStruct((), jnp.int32))[0]

@@ -18,6 +18,7 @@ docs/serving.md.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -52,11 +53,13 @@ class Server:
   def __init__(self, cfg, params, tokenizer, *, name: str, max_batch: int = 8,
                max_len: Optional[int] = None, max_queue: int = 64,
                api_key: Optional[str] = None, completion_control_flow: int = CF_RECURRENT,
-               chat_control_flow: int = CF_PLAIN, add_bos: bool = False):
+               chat_control_flow: int = CF_PLAIN, add_bos: bool = False,
+               cache_dtype: Optional[str] = None):
     self.cfg, self.name, self.api_key = cfg, name, api_key
     self.tok = tokenizer if isinstance(tokenizer, TokenizerView) else TokenizerView(
         tokenizer, name)
-    self.engine = Engine(cfg, params, max_batch=max_batch, max_len=max_len)
+    self.engine = Engine(cfg, params, max_batch=max_batch, max_len=max_len,
+                         cache_dtype=cache_dtype)
     self.scheduler = Scheduler(self.engine, self.tok.eos_id, max_queue)
     self.completion_control_flow = completion_control_flow
     self.chat_control_flow = chat_control_flow
@@ -65,20 +68,22 @@ class Server:
     self.ready = False
     self.late_compiles = 0
 
-  def warmup(self, prompt_lengths=(1,)) -> None:
-    """Compile the engine's programs for these prompt lengths' buckets; then ready, and
-    any later compile (a bucket not warmed up) is counted and warned about."""
+  def warmup(self, prompt_lengths=None) -> int:
+    """Compile the engine's programs for every prompt bucket up to max_len (or these
+    prompt lengths' buckets); then ready, and any later compile (a program warm-up did
+    not compile) is counted and warned about. Returns the number of programs compiled."""
     flows = sorted({self.completion_control_flow, self.chat_control_flow, CF_PLAIN})
-    self.engine.warmup(prompt_lengths=prompt_lengths, control_flows=flows,
-                       echo=(False, True))
+    n = self.engine.warmup(prompt_lengths=prompt_lengths, control_flows=flows,
+                           echo=(False, True))
     jax.monitoring.register_event_duration_secs_listener(self._on_compile)
     self.ready = True
+    return n
 
   def _on_compile(self, event: str, duration: float, **kwargs) -> None:
     if event == COMPILE_EVENT:
       self.late_compiles += 1
       logging.warning("compiled a program after warm-up (%.1f s; %d so far): a prompt "
-                      "bucket not in --warmup_lengths", duration, self.late_compiles)
+                      "bucket --warmup_lengths left out", duration, self.late_compiles)
 
   def close(self, timeout: float = 30) -> None:
     """Finish the requests in flight and queued (at most `timeout` s), stop counting."""
@@ -141,30 +146,59 @@ def exposure_warning(host: str, api_key: Optional[str]) -> Optional[str]:
           "it")
 
 
+def default_compile_cache() -> str:
+  """$XDG_CACHE_HOME/t2mlr_jax/jax_compile (~/.cache/t2mlr_jax/jax_compile without it)."""
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "t2mlr_jax", "jax_compile")
+
+
+def use_compile_cache(path: Optional[str]) -> Optional[str]:
+  """JAX's persistent compilation cache in `path` (None: `default_compile_cache()`; "":
+  off), every program kept: set before anything compiles, so a restart loads them.
+  Returns the directory, or None when off."""
+  if path == "":
+    return None
+  path = os.path.expanduser(path or default_compile_cache())
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return path
+
+
 def serve_model(model: str, *, step: Optional[int] = None, tokenizer: Optional[str] = None,
                 dtype: str = "float32", host: str = "127.0.0.1", port: int = 8000,
                 max_batch: int = 8, max_len: Optional[int] = None, max_queue: int = 64,
                 api_key: Optional[str] = None, name: Optional[str] = None,
                 prompt_control_flow: Optional[int] = None,
-                warmup_lengths: tuple[int, ...] = (16, 128)) -> None:
-  """Load `model` (any source `loading` opens), compile the engine's programs, and serve
-  it in the foreground until SIGTERM or Ctrl-C, finishing the requests in flight."""
+                warmup_lengths: Optional[tuple[int, ...]] = None,
+                cache_dtype: Optional[str] = None, compile_cache: Optional[str] = None) -> None:
+  """Load `model` (any source `loading` opens), compile the engine's programs (every
+  prompt bucket, or `warmup_lengths`' buckets; cached in `compile_cache`), and serve it in
+  the foreground until SIGTERM or Ctrl-C, finishing the requests in flight."""
+  cache_dir = use_compile_cache(compile_cache)
   cfg, params, found = load_model_and_tokenizer(model, step, tokenizer, dtype=dtype,
                                                 field="--model")
+  if max_len is not None and not 2 <= max_len <= cfg.max_seq_len:
+    raise ValueError(f"--max_len={max_len} is invalid: allowed 2..{cfg.max_seq_len} (the "
+                     "model's context)")
   served = name or model.rstrip("/").split("/")[-1]
   server = Server(cfg, params, found.tokenizer, name=served, max_batch=max_batch,
                   max_len=max_len, max_queue=max_queue, api_key=api_key,
                   completion_control_flow=prompt_control_flow or CF_RECURRENT,
                   chat_control_flow=prompt_control_flow or CF_PLAIN,
-                  add_bos=found.documents_start_with_bos)
+                  add_bos=found.documents_start_with_bos, cache_dtype=cache_dtype)
+  del params                 # the loader's host copy: the engine holds its own on the device
   warning = exposure_warning(host, api_key)
   if warning:
     print(warning, flush=True)
-  print(f"compiling the engine's programs for {served} (max_batch {max_batch}, "
-        f"max_len {server.engine.max_len}) ...", flush=True)
+  engine = server.engine
+  print(f"compiling the engine's programs for {served} (max_batch {max_batch}, max_len "
+        f"{engine.max_len}, KV cache {engine.cache_bytes() / 2**20:.1f} MiB "
+        f"{jax.numpy.dtype(engine.cache_dtype).name} at its largest) ...", flush=True)
   start = time.perf_counter()
-  server.warmup(warmup_lengths)
-  print(f"compiled in {time.perf_counter() - start:.0f} s", flush=True)
+  n = server.warmup(warmup_lengths)
+  print(f"warm-up: {n} programs compiled in {time.perf_counter() - start:.1f} s (compile "
+        f"cache: {cache_dir or 'off'})", flush=True)
   server.scheduler.start()
   app = create_app(server)
   print(f"serving {served} at http://{host}:{port}/v1", flush=True)

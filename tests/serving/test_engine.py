@@ -9,6 +9,7 @@ import pytest
 
 from t2mlr_jax import LRTConfig, ModelConfig, forward, generate
 from t2mlr_jax.model.lstm import LSTMConfig
+from t2mlr_jax.serving import engine as serving_engine
 from t2mlr_jax.serving.engine import Engine, Sampling
 
 from _util import active_lrt_params, active_params, random_tokens, tiny_cfg
@@ -207,16 +208,66 @@ def test_nothing_compiles_after_warmup():
 
 
 def test_host_parameters_are_put_on_the_device_once():
-  """A loader's numpy parameters (a GGUF's) live on the device in the engine, so a decode
-  step copies no weight from the host; the tokens equal those of device parameters."""
+  """A loader's numpy parameters (a GGUF's) live on the device in the engine: prefill,
+  insert and decode steps (sampled, a bucket move included) run with every host-to-device
+  transfer disallowed (what they need the engine puts there explicitly); the tokens equal
+  those of device parameters; the guard does catch a step given host parameters."""
   cfg, params = MODELS["t2mlr"]
   host = jax.tree.map(np.asarray, params)
-  engine = Engine(cfg, host, max_batch=1, max_len=32)
+  engine = Engine(cfg, host, max_batch=2, max_len=32)
   assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(engine.params))
   prompt = np.asarray(random_tokens(cfg, 1, 5, seed=4)[0])
-  tokens, _ = _run_alone(engine, prompt, 3)
-  ref, _ = _run_alone(Engine(cfg, params, max_batch=1, max_len=32), prompt, 3)
+  sampled = Sampling(temperature=0.7, seed=5)
+  with jax.transfer_guard_host_to_device("disallow"):
+    tokens, _ = _run_alone(engine, prompt, 3)
+    pre, _ = engine.prefill(prompt, max_tokens=4)
+    engine.insert("a", pre, 4, sampling=sampled)
+    engine.insert("b", engine.prefill(prompt, max_tokens=4)[0], 4)     # batch 1 -> 2
+    steps = [engine.step() for _ in range(3)]
+  assert len(steps[-1]) == 2
+  ref, _ = _run_alone(Engine(cfg, params, max_batch=2, max_len=32), prompt, 3)
   np.testing.assert_array_equal(tokens, ref)
+  with jax.transfer_guard_host_to_device("disallow"), pytest.raises(Exception,
+                                                                    match="Disallowed"):
+    serving_engine._generate(host, engine.layers, cfg, engine.slots)
+
+
+def test_seeds_become_the_same_keys_on_the_host():
+  for seed in (0, 7, 2**31, 2**40 + 7, -3):
+    np.testing.assert_array_equal(serving_engine.host_key(seed), np.asarray(jax.random.PRNGKey(seed)))
+
+
+def test_max_len_defaults_to_a_serving_length_within_the_context():
+  cfg, params = MODELS["plain"]
+  assert Engine(cfg, params).max_len == cfg.max_seq_len                   # 64: the context
+  long = cfg.replace(max_seq_len=8192)
+  assert Engine(long, params).max_len == serving_engine.SERVING_MAX_LEN == 2048
+  with pytest.raises(ValueError, match=r"max_len=65 is invalid: allowed 2\.\.64"):
+    Engine(cfg, params, max_len=65)
+  with pytest.raises(ValueError, match="cache_dtype='float16' is invalid"):
+    Engine(cfg, params, cache_dtype="float16")
+
+
+def test_a_bfloat16_cache_is_half_the_size_and_keeps_the_tokens():
+  """The cache's bytes are slots x layers x length x KV heads x head_dim x 2 x dtype
+  bytes, those of the arrays the engine holds at its largest buckets; a bfloat16 cache
+  halves them and keeps the greedy tokens (logits within 0.05) of a float32 one."""
+  cfg, params = MODELS["t2mlr"]
+  f32 = Engine(cfg, params, max_batch=2, max_len=32)
+  bf16 = Engine(cfg, params, max_batch=2, max_len=32, cache_dtype="bfloat16")
+  want = 2 * cfg.n_layers * 32 * cfg.n_kv_heads * cfg.head_dim * 2 * 4
+  assert f32.cache_bytes() == want and bf16.cache_bytes() == want // 2
+  prompt = np.asarray(random_tokens(cfg, 1, 6, seed=5)[0])
+  tokens, logits = _run_alone(f32, prompt, 8)
+  got, got_logits = _run_alone(bf16, prompt, 8)
+  np.testing.assert_array_equal(got, tokens)
+  assert np.max(np.abs(got_logits - logits)) <= 0.05
+  for engine in (f32, bf16):             # both rows and the whole length: the largest
+    for i in range(2):
+      engine.insert(i, engine.prefill(prompt, max_tokens=26)[0], 26)
+    held = sum(a.nbytes for kv in engine.slots.decode.kv for a in kv)
+    assert held == engine.cache_bytes()
+    assert engine.slots.decode.kv[0].k.dtype == engine.cache_dtype
 
 
 def test_a_model_without_a_decode_step_is_refused():

@@ -31,11 +31,12 @@ def _free_port() -> int:
 
 
 class Running:
-  """A server in a thread on a loopback port."""
+  """A server in a thread on a loopback port, warmed up for prompts of `warmup_lengths`
+  (None: every prompt bucket)."""
 
-  def __init__(self, server):
+  def __init__(self, server, warmup_lengths=(8, 16)):
     self.server, self.port = server, _free_port()
-    server.warmup((8, 16))
+    self.programs = server.warmup(warmup_lengths)
     server.scheduler.start()
     self.uv, self.thread = serving.run_in_thread(server, self.port)
     self.base = f"http://127.0.0.1:{self.port}"
@@ -398,9 +399,45 @@ def test_metrics_in_prometheus_text(running):
   assert int(values["t2mlr_compiles_after_warmup_total"]) == after
 
 
+def test_a_mixed_load_compiles_nothing_after_the_default_warmup(model):
+  """The default warm-up (every prompt bucket up to max_len), then sixty requests eight at
+  a time, prompts of 1..max_len - max_tokens tokens, completions and chat, echo and
+  logprobs, the recurrence off, sampled or greedy: nothing compiles after warm-up, and
+  /metrics says so."""
+  from concurrent.futures import ThreadPoolExecutor
+  cfg, params, tok = model
+  run = Running(serving.Server(cfg, params, tok, name="tiny", max_batch=4, max_len=64,
+                               max_queue=64), warmup_lengths=None)
+  try:
+    assert run.programs == 3 * 2 + 2 + 3 * 2     # prefills (+ echo), widenings, steps + inserts
+    rng = np.random.default_rng(0)
+    bodies = []
+    for i in range(60):
+      n = 1 + i % 8
+      body = {"max_tokens": n, "temperature": 0.8 * (i % 2), "seed": i,
+              "recurrence": "off" if i % 3 == 0 else "exact"}
+      if i % 10 == 9:
+        bodies.append(("/v1/chat/completions", {**body, "messages": [
+            {"role": "user", "content": "To be " * (i % 7)}]}))
+      else:
+        L = 1 + (i * 37) % (64 - 8)
+        bodies.append(("/v1/completions", {**body, "echo": i % 4 == 0, "logprobs": i % 3,
+                                           "prompt": rng.integers(1, 200, L).tolist()}))
+    with ThreadPoolExecutor(8) as pool:
+      results = list(pool.map(lambda pb: run.post(*pb), bodies))
+    assert [r[0] for r in results] == [200] * 60, [r[1] for r in results if r[0] != 200]
+    assert run.server.late_compiles == 0
+    values = dict(line.split() for line in run.get("/metrics")[1].splitlines()
+                  if not line.startswith("#"))
+    assert values["t2mlr_compiles_after_warmup_total"] == "0"
+  finally:
+    run.stop()
+
+
 def test_the_command_line_serves_and_sigterm_finishes_what_is_in_flight(tmp_path):
-  """python -m t2mlr_jax.serve: prints what it compiles and its address, is ready when
-  /health says so; SIGTERM lets a stream in flight finish, then exits 0."""
+  """python -m t2mlr_jax.serve: prints what it compiles (the KV cache's size) and its
+  address, is ready when /health says so, its programs kept in --compile_cache; SIGTERM
+  lets a stream in flight finish, then exits 0."""
   import signal
   import subprocess
   import sys
@@ -410,7 +447,8 @@ def test_the_command_line_serves_and_sigterm_finishes_what_is_in_flight(tmp_path
   root = REPO_ROOT
   proc = subprocess.Popen(
       [sys.executable, "-m", "t2mlr_jax.serve", f"--model={path}", f"--port={port}",
-       "--max_batch=2", "--max_len=64", "--warmup_lengths=8", "--name=tiny"],
+       "--max_batch=2", "--max_len=64", "--warmup_lengths=8", "--name=tiny",
+       f"--compile_cache={tmp_path / 'jc'}"],
       cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:
     base = f"http://127.0.0.1:{port}"
@@ -432,11 +470,20 @@ def test_the_command_line_serves_and_sigterm_finishes_what_is_in_flight(tmp_path
     assert first.startswith(b"data: ") and rest.rstrip().endswith("data: [DONE]")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
-    assert "compiling the engine's programs for tiny" in out
+    assert "compiling the engine's programs for tiny (max_batch 2, max_len 64, KV cache " in out
+    assert "warm-up: 7 programs compiled in" in out and any((tmp_path / "jc").iterdir())
     assert f"serving tiny at http://127.0.0.1:{port}/v1" in out
   finally:
     if proc.poll() is None:
       proc.kill()
+
+
+def test_the_compile_cache_is_under_the_users_cache_dir(monkeypatch):
+  monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
+  assert serving.default_compile_cache() == "/somewhere/t2mlr_jax/jax_compile"
+  monkeypatch.delenv("XDG_CACHE_HOME")
+  assert serving.default_compile_cache().endswith("/.cache/t2mlr_jax/jax_compile")
+  assert serving.use_compile_cache("") is None                  # empty: off
 
 
 def test_serving_beyond_loopback_without_a_key_is_warned_about():
@@ -475,7 +522,8 @@ def test_the_command_line_refuses_bad_input_in_one_line(tmp_path):
   root = REPO_ROOT
   for args, message in (([], "--model is required"),
                         ([f"--model={path}", "--max_batch=0"], "max_batch=0 is invalid"),
-                        ([f"--model={path}", "--max_len=100000"], "max_len=100000 is invalid")):
+                        ([f"--model={path}", "--max_len=100000"],
+                         "--max_len=100000 is invalid: allowed 2..128 (the model's context)")):
     out = subprocess.run([sys.executable, "-m", "t2mlr_jax.serve", *args], cwd=root,
                          capture_output=True, text=True, timeout=120)
     lines = [line for line in out.stderr.splitlines() if line.strip()]
