@@ -4,7 +4,8 @@
     python -m t2mlr_jax.chat --model=HF_DIR_OR_EXPORT_OR_WORKDIR --prompt="Hello!"
 
 --model: a GGUF file, a Hugging Face directory, a parameter export or a training workdir
-(the tokenizer comes from the model, or --tokenizer=DIR). The conversation is rendered
+(the tokenizer comes from the model, a task's own vocabulary for a run of S5 or variable
+assignment, or --tokenizer=DIR). The conversation is rendered
 with the tokenizer's chat template; the prompt is non-recurrent (control flow 1, as chat
 and SFT models are trained) unless --prompt_control_flow=2. Interactive commands:
 /reset (new conversation), /quit. --prompt answers once and exits.
@@ -42,9 +43,11 @@ def main(argv=None):
     # the library (and JAX) load once the flags parse: argument errors print at once
     from t2mlr_jax.convert import loading
     from t2mlr_jax.serving.chat_session import ChatSession, stats_line
+    from t2mlr_jax.train import tasks
     cli.quiet_absl_logs()
     cfg, params, found = loading.load_model_and_tokenizer(model.value, tokenizer=tokenizer.value,
-                                                          field="--model")
+                                                          field="--model",
+                                                          own=tasks.own_tokenizer)
     tok = found.tokenizer
     cfg = cfg.replace(max_seq_len=min(cfg.max_seq_len, max_seq_len.value))
     session = ChatSession(cfg, params, tok, system=system.value,

@@ -441,7 +441,8 @@ def export(cfg, params, path: str) -> None:
       {"algorithm": "crc32", "arrays": array_checksums(params, EXPORT_PARAMS)}))
   paths.write_text(root / EXPORT_CONFIG, json.dumps(
       {"format_version": FORMAT_VERSION, "library_version": __version__,
-       "model_family": type(cfg).__name__, "model_config": cfg.to_dict()}, indent=2))
+       "model_family": type(cfg).__name__, "model_config": cfg.to_dict(),
+       "user_modules": list(registry.USER_MODULES)}, indent=2))   # as a step's meta
 
 
 def _load_export(path: str):

@@ -24,6 +24,26 @@ from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
 T = TypeVar("T")
 
 
+def _source_file(entry) -> Optional[str]:
+  """The resolved path of the file whose module registered `entry` (None: not a module's)."""
+  module = sys.modules.get(getattr(entry, "source", None) or "")
+  path = getattr(module, "__file__", None)
+  return os.path.realpath(path) if path else None
+
+
+def _same_file(old, new) -> bool:
+  """Both entries come from one file (imported twice, under two module names)."""
+  path = _source_file(old)
+  return path is not None and path == _source_file(new)
+
+
+def _where(entry) -> str:
+  """Who registered an entry: its module, and the module's file when there is one."""
+  path = _source_file(entry)
+  source = getattr(entry, "source", None) or "?"
+  return f"{source}, {path}" if path else source
+
+
 class Registry(Generic[T]):
   """Named entries of one extension point, in registration order."""
 
@@ -45,15 +65,16 @@ class Registry(Generic[T]):
 
   def register(self, entry: T) -> T:
     """Add `entry` under `entry.name`; registering another object under a taken name is
-    refused (re-registering the same object, e.g. a module imported twice, is not)."""
+    refused, unless it comes from the same file (that file imported again under another
+    module name: the newer entry replaces the older)."""
     self._load_builtins()
     name = entry.name
     if not isinstance(name, str) or not name.isidentifier():
       raise ValueError(f"{self.what} name {name!r} is invalid: allowed a Python identifier")
     old = self._entries.get(name)
-    if old is not None and old is not entry and old != entry:
-      raise ValueError(f"{self.what} {name!r} is already registered (by "
-                       f"{getattr(old, 'source', '?')}); choose another name")
+    if old is not None and old is not entry and old != entry and not _same_file(old, entry):
+      raise ValueError(f"{self.what} {name!r} is already registered (by {_where(old)}); "
+                       f"choose another name for the one of {_where(entry)}")
     if self.check is not None:
       self.check(entry, [e for n, e in self._entries.items() if n != name])
     self._entries[name] = entry
@@ -112,6 +133,11 @@ class RecurrenceType:
   Muon trains with the embeddings' AdamW.
   config: the frozen dataclass of its fields (None only for the "none" entry); its class
   attribute `type` is the name.
+  retrofit(recurrence config) -> recurrence config: how it is added to a pretrained model
+  (`model.init_from`, `python -m t2mlr_jax.convert`): the config whose fresh parameters
+  (`init_params`, `layer_module`), beside the pretrained ones, compute the pretrained
+  model's function at step 0; it raises (`config.invalid`) for a config whose init would
+  not. None: the type cannot be added to a pretrained model.
   """
   name: str                    # what configs call it: model.recurrence.type
   config: Optional[type]       # its fields' frozen dataclass (None: "none")
@@ -131,6 +157,7 @@ class RecurrenceType:
   no_decay: tuple = ()         # leaf names weight decay leaves alone
   partition_rules: tuple = ()  # (path regex, logical axes) rows of its parameters
   embedding_leaves: tuple = ()  # (parent, leaf) tables Muon trains as embeddings
+  retrofit: Optional[Callable] = None   # (rcfg) -> rcfg whose fresh init keeps a base model
   default: bool = False        # what a config or an export that names no type gets
   source: str = ""             # the module that registered it
 
@@ -305,17 +332,35 @@ def recurrence_config_classes() -> dict:
   return {t.name: t.config for t in RECURRENCES.values() if t.config is not None}
 
 
+def _imported_from(path: str) -> Optional[ModuleType]:
+  """A module already imported from the file `path`, whatever its name (`import mytype`
+  or `t2mlr_user_mytype`), or None."""
+  real = os.path.realpath(path)
+  for module in list(sys.modules.values()):
+    file = getattr(module, "__file__", None)
+    if isinstance(file, str) and os.path.realpath(file) == real:
+      return module
+  return None
+
+
 def import_user_module(path: str) -> ModuleType:
   """Import a user's Python file (fairseq's --user-dir convention): it registers its own
-  recurrence types and schedules. Importing the same file again is a no-op."""
+  recurrence types and schedules. A file already imported, by this function or by a
+  plain `import` under any name, is that module (its types are not registered twice)."""
   path = os.path.abspath(os.path.expanduser(path))
   if not os.path.isfile(path) or not path.endswith(".py"):
     raise ValueError(f"--user_module={path!r} is invalid: allowed the path of an existing "
                      ".py file")
-  name = "t2mlr_user_" + os.path.splitext(os.path.basename(path))[0]
-  module = sys.modules.get(name)
-  if module is not None and os.path.abspath(getattr(module, "__file__", "")) == path:
+  module = _imported_from(path)
+  if module is not None:        # imported before (by --user_module or a plain import)
+    if path not in USER_MODULES:
+      USER_MODULES.append(path)
     return module
+  stem = name = "t2mlr_user_" + os.path.splitext(os.path.basename(path))[0]
+  n = 1
+  while name in sys.modules:    # another file of the same name: a module of its own
+    n += 1
+    name = f"{stem}_{n}"
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   sys.modules[name] = module

@@ -90,6 +90,20 @@ def test_the_defaults_and_the_entries_of_a_config():
     registry.family_of("a model")
 
 
+def test_a_type_declares_how_it_is_added_to_a_pretrained_model():
+  """`retrofit`: T2MLR as it is (γ = 0 at init), LRT only with its identity init; the
+  model without a recurrence declares none."""
+  from t2mlr_jax import LRTConfig, T2MLRConfig
+  t2mlr = T2MLRConfig(l_start=2)
+  assert registry.RECURRENCES.get("t2mlr").retrofit(t2mlr) is t2mlr
+  lrt = registry.RECURRENCES.get("lrt")
+  assert lrt.retrofit(LRTConfig(init="identity")) == LRTConfig(init="identity")
+  with pytest.raises(ValueError, match=r"recurrence.init='official' is invalid: allowed "
+                                       "'identity'"):
+    lrt.retrofit(LRTConfig())
+  assert registry.RECURRENCES.get("none").retrofit is None
+
+
 def test_a_schedule_of_ones_own_declares_its_options_and_may_share_only_with_one_default():
   """A schedule registered after import adds its options (read when asked, never frozen);
   another declaring an option already declared must give it the same default."""

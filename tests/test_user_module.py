@@ -4,6 +4,7 @@ them under AdamW and Muon, checkpoints and resumes bit for bit, logs the FLOP mo
 count (checked against XLA's on an unrolled build), `evaluate` scores the checkpoint,
 `generate` decodes it, and the optimizer and partitioner follow the type's declarations."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -17,6 +18,8 @@ from t2mlr_jax import checkpoint, flops, forward, generate, init_params, loss, r
 from t2mlr_jax.checkpoint import Checkpointer
 from t2mlr_jax.train.config import model_config
 from t2mlr_jax.train.optimizer import decay_mask, param_groups
+
+from _util import tiny_cfg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "docs", "examples")
@@ -163,3 +166,54 @@ def test_bad_user_module_is_one_line(tmp_path):
   assert out.strip().splitlines()[-1].startswith(
       f"error: --user_module='{tmp_path}/missing.py' is invalid: allowed the path of an "
       "existing .py file")
+
+
+def user_type_file(folder, stem="mytype", name="my_echo", retrofit=False) -> str:
+  """docs/examples/echo.py as a user's own file folder/<stem>.py registering the type
+  `name`; with `retrofit`, declaring it can be added to a pretrained model (α = 0 at init:
+  a fresh echo keeps the model's function)."""
+  text = open(os.path.join(EXAMPLES, "echo.py")).read()
+  text = text.replace('type: ClassVar[str] = "echo"', f'type: ClassVar[str] = "{name}"')
+  if retrofit:
+    text = text.replace('no_decay=("alpha",),', 'no_decay=("alpha",), retrofit=lambda r: r,')
+  assert f'"{name}"' in text and (not retrofit or "retrofit=" in text)
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, f"{stem}.py")
+  with open(path, "w") as f:
+    f.write(text)
+  return path
+
+
+def test_a_file_imported_by_its_own_name_is_the_type_a_checkpoint_loads(tmp_path, monkeypatch):
+  """`import mytype` (as a user would), then `checkpoint.load` of an export recording
+  mytype.py: the file is the module already imported, not registered again; imported the
+  other way round the newer module's entry replaces the older; another file registering
+  the same name is refused, naming both files."""
+  mine = user_type_file(tmp_path / "mine")
+  late = user_type_file(tmp_path / "late", stem="latetype", name="late_echo")
+  monkeypatch.syspath_prepend(str(tmp_path / "mine"))
+  monkeypatch.syspath_prepend(str(tmp_path / "late"))
+  monkeypatch.setattr(registry, "USER_MODULES", [])
+  try:
+    mytype = importlib.import_module("mytype")
+    cfg = tiny_cfg(recurrence=mytype.EchoConfig())
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    registry.USER_MODULES.append(mine)      # as a run given --user_module=mytype.py
+    checkpoint.export(cfg, params, str(tmp_path / "export"))
+    loaded_cfg, loaded = checkpoint.load(str(tmp_path / "export"))
+    assert loaded_cfg == cfg and type(loaded_cfg.recurrence) is mytype.EchoConfig
+    assert registry.import_user_module(mine) is mytype
+    assert "t2mlr_user_mytype" not in sys.modules
+    jax.tree.map(np.testing.assert_array_equal, loaded, params)
+    with pytest.raises(ValueError, match=r"recurrence type 'my_echo' is already registered "
+                                         r"\(by mytype, .*mine/mytype.py\); choose another "
+                                         r"name for the one of t2mlr_user_mytype, .*other/"):
+      registry.import_user_module(user_type_file(tmp_path / "other"))
+    first = registry.import_user_module(late)
+    again = importlib.import_module("latetype")
+    assert again is not first and registry.RECURRENCES.get("late_echo").source == "latetype"
+  finally:
+    for name in ("my_echo", "late_echo"):
+      registry.RECURRENCES.unregister(name)
+    for name in ("mytype", "latetype", "t2mlr_user_latetype"):
+      sys.modules.pop(name, None)

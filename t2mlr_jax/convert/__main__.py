@@ -5,6 +5,11 @@
         params + model.json + the tokenizer files) that training starts from with
         --config.model.init_from=OUT. With --l_start/--l_end a T2MLR block is added
         (γ = 0: the model still computes the pretrained function).
+    python -m t2mlr_jax.convert --from-hf HF_DIR --to OUT --recurrence=lrt \
+            --recurrence_field init=identity [--recurrence_field source_layer=-1 ...]
+        any recurrence type that declares how it is added to a pretrained model (its
+        `retrofit`), its fields given as KEY=VALUE; --user_module=FILE.py[,...] imports
+        a file registering a type of one's own first.
     python -m t2mlr_jax.convert --from-gguf MODEL.gguf --to OUT [--l_start=.. --l_end=..]
         a Llama-architecture GGUF file (any quantisation the gguf package reads,
         dequantized) -> a parameter export OUT with tokenizer.json and
@@ -17,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
 
@@ -39,6 +45,62 @@ def copy_tokenizer(src: str, dst: str, overwrite: bool = True) -> list[str]:
   return copied
 
 
+# a retrofit's gate gain, for a type with that field (T2MLR: small gates on a pretrained
+# stream), unless --gate_gain or --recurrence_field gives one
+RETROFIT_GATE_GAIN = 1e-2
+
+
+def _field_value(name: str, text: str, types: dict):
+  """A --recurrence_field value as its field's type (text where the field is unknown:
+  the config names it)."""
+  if name not in types:
+    return text
+  typ, optional = types[name]
+  if optional and text.lower() == "none":
+    return None
+  if typ is bool:
+    if text.lower() in ("true", "false"):
+      return text.lower() == "true"
+  elif typ in (int, float, tuple):
+    try:
+      return tuple(ast.literal_eval(text)) if typ is tuple else typ(text)
+    except (ValueError, SyntaxError, TypeError):
+      pass
+  else:
+    return text
+  what = {bool: "true or false", int: "an int", float: "a float", tuple: "a tuple"}[typ]
+  raise ValueError(f"--recurrence_field {name}={text!r} is invalid: allowed "
+                   f"{what}{' or None' if optional else ''}")
+
+
+def recurrence_from_args(args):
+  """The recurrence config a command line asks for (None: none): --recurrence=TYPE (by
+  default T2MLR when --l_start/--l_end are given) with --l_start/--l_end/--gate_gain and
+  each --recurrence_field KEY=VALUE as its fields."""
+  from t2mlr_jax import config, registry
+  name = args.recurrence
+  if name is None and args.l_start is not None:
+    name = registry.default_recurrence().name
+  if name is None:
+    return None
+  cls = registry.RECURRENCES.get(name, "--recurrence").config
+  types = config.field_types(cls) if cls is not None else {}
+  fields = {k: getattr(args, k) for k in ("l_start", "l_end", "gate_gain")
+            if getattr(args, k) is not None}
+  for item in args.recurrence_field:
+    key, eq, text = item.partition("=")
+    if not eq or not key:
+      raise ValueError(f"--recurrence_field={item!r} is invalid: allowed KEY=VALUE")
+    fields[key] = _field_value(key, text, types)
+  if cls is None:
+    if fields:
+      raise ValueError(f"--recurrence={name!r} has no fields: got {sorted(fields)}")
+    return None
+  if "gate_gain" in types:
+    fields.setdefault("gate_gain", RETROFIT_GATE_GAIN)
+  return config.recurrence_from_dict({"type": name, **fields})
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(prog="python -m t2mlr_jax.convert", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,24 +114,34 @@ def main(argv=None):
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   p.add_argument("--l_start", type=int, default=None, help="add T2MLR from this layer")
   p.add_argument("--l_end", type=int, default=None, help="... to this layer (inclusive)")
-  p.add_argument("--gate_gain", type=float, default=1e-2, help="gate init gain (retrofit)")
+  p.add_argument("--gate_gain", type=float, default=None,
+                 help=f"gate init gain (retrofit; default {RETROFIT_GATE_GAIN})")
+  p.add_argument("--recurrence", default=None, help="the recurrence type to add (default: "
+                 "T2MLR with --l_start/--l_end, else none)")
+  p.add_argument("--recurrence_field", action="append", default=[], metavar="KEY=VALUE",
+                 help="a field of the recurrence's config (repeatable)")
+  p.add_argument("--user_module", action="append", default=[], metavar="FILE.py",
+                 help="Python files imported first, registering types of one's own "
+                 "(comma-separated, repeatable)")
   p.add_argument("--verbose", action="store_true", help="show the full traceback of an error")
   args = p.parse_args(argv)
   if (args.from_hf or args.from_gguf) and not args.to:
     p.error("--from-hf / --from-gguf need --to OUT")
-  if (args.l_start is None) != (args.l_end is None):
+  if args.recurrence is None and (args.l_start is None) != (args.l_end is None):
     p.error("give both --l_start and --l_end to add a T2MLR block")
   if args.from_ckpt and not args.to_hf:
     p.error("--from needs --to-hf HF_DIR")
+  if args.from_ckpt and (args.recurrence or args.recurrence_field or args.l_start is not None):
+    p.error("--recurrence, --recurrence_field and --l_start/--l_end go with --from-hf or "
+            "--from-gguf")
   # the library (and JAX) load once the arguments parse: argument errors print at once
-  from t2mlr_jax import checkpoint
+  from t2mlr_jax import checkpoint, registry
   from t2mlr_jax.convert import gguf, hf, loading
-  from t2mlr_jax.model.recurrence.t2mlr import T2MLRConfig
 
+  for path in (f for v in args.user_module for f in v.split(",") if f):
+    registry.import_user_module(path)
   if args.from_hf or args.from_gguf:
-    recurrence = None
-    if args.l_start is not None:
-      recurrence = T2MLRConfig(l_start=args.l_start, l_end=args.l_end, gate_gain=args.gate_gain)
+    recurrence = recurrence_from_args(args)
     checkpoint.check_export_target(args.to)       # before reading a multi-GB source
     if args.from_gguf:
       cfg, copied = gguf.export_gguf(args.from_gguf, args.to, recurrence=recurrence,

@@ -29,7 +29,6 @@ from t2mlr_jax import checkpoint
 from t2mlr_jax.config import ModelConfig
 from t2mlr_jax.convert import hf
 from t2mlr_jax.data.tokenizer import HFTokenizer
-from t2mlr_jax.model import recurrence as rec
 
 ARCHITECTURES = ("llama",)
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -193,13 +192,14 @@ def tokenizer_from_gguf(meta: dict, path: str = ""):
 def from_gguf(path: str, *, recurrence=None, dtype: str = "float32", seed: int = 0):
   """(ModelConfig, params, tokenizer) of a Llama-architecture GGUF file.
 
-  recurrence: a T2MLRConfig to retrofit (fresh parameters starting with γ = 0, so the
-  model computes the GGUF model's function exactly); LRT is refused. dtype: the
+  recurrence: a recurrence to add (a type that declares `retrofit`: T2MLR, LRT with
+  init="identity", a user's), with fresh parameters that keep the GGUF model's function
+  exactly (T2MLR: γ = 0). dtype: the
   parameters' dtype ("float32" or "bfloat16"; they are dequantized in fp32 first).
   """
   if dtype not in ("float32", "bfloat16"):
     raise ValueError(f"dtype={dtype!r} is invalid: allowed 'float32' or 'bfloat16'")
-  hf.check_recurrence_type(recurrence, "from_gguf")
+  recurrence = hf.check_retrofit(recurrence, "from_gguf")
   reader = _open(path)
   meta = read_metadata(reader)
   names = {t.name for t in reader.tensors}
@@ -207,9 +207,7 @@ def from_gguf(path: str, *, recurrence=None, dtype: str = "float32", seed: int =
                          qkv_bias="blk.0.attn_q.bias" in names, recurrence=recurrence)
   tokenizer = tokenizer_from_gguf(meta, path)
   sd = state_dict_from_gguf(reader, cfg)
-  params = hf.base_params_from_state_dict(sd, cfg)
-  if cfg.recurrence is not None:
-    params["recurrence"] = jax.device_get(rec.init_params(cfg, jax.random.PRNGKey(seed)))
+  params = hf.retrofit(cfg, hf.base_params_from_state_dict(sd, cfg), seed)
   if dtype == "bfloat16":
     params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16)), params)
   return cfg, params, tokenizer

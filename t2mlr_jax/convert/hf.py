@@ -247,15 +247,16 @@ def _check_unused(sd: Mapping[str, Any], cfg: ModelConfig) -> None:
                      f"{' ...' if len(extra) > 5 else ''}")
 
 
-def from_hf(path: str, *, recurrence: T2MLRConfig | None = None, seed: int = 0, **overrides):
+def from_hf(path: str, *, recurrence=None, seed: int = 0, **overrides):
   """(ModelConfig, params) from a local Hugging Face directory (config.json + safetensors).
 
-  With `recurrence`, a T2MLR block is added with fresh parameters (γ = 0, so the model
-  still computes the pretrained function exactly); if the directory holds
-  t2mlr_recurrence.safetensors (written by `to_hf`), those weights are used instead.
-  `overrides` set ModelConfig fields.
+  With `recurrence` (a type that declares `retrofit`: T2MLR, LRT with init="identity", a
+  user's), it is added with fresh parameters that keep the pretrained function exactly
+  (T2MLR: γ = 0); if the directory holds t2mlr_recurrence.safetensors (written by `to_hf`)
+  and `recurrence` is T2MLR, those weights are used instead. `overrides` set ModelConfig
+  fields.
   """
-  check_recurrence_type(recurrence, "from_hf")
+  recurrence = check_retrofit(recurrence, "from_hf")
   cfg_path = os.path.join(path, "config.json")
   if not os.path.isfile(cfg_path):
     raise ValueError(f"{path!r} has no config.json: not a Hugging Face model directory")
@@ -276,13 +277,11 @@ def from_hf(path: str, *, recurrence: T2MLRConfig | None = None, seed: int = 0, 
   sd = read_hf_state_dict(path)
   _check_unused(sd, cfg)
   params = base_params_from_state_dict(sd, cfg)
-  if cfg.recurrence is not None:
-    weights = os.path.join(path, RECURRENCE_WEIGHTS)
-    if os.path.isfile(weights):
-      params["recurrence"] = recurrence_from_state_dict(_read_safetensors(weights), cfg)
-    else:
-      params["recurrence"] = jax.device_get(rec.init_params(cfg, jax.random.PRNGKey(seed)))
-  return cfg, params
+  weights = os.path.join(path, RECURRENCE_WEIGHTS)
+  if isinstance(cfg.recurrence, T2MLRConfig) and os.path.isfile(weights):
+    params["recurrence"] = recurrence_from_state_dict(_read_safetensors(weights), cfg)
+    return cfg, params
+  return cfg, retrofit(cfg, params, seed)
 
 
 def recurrence_from_state_dict(sd: Mapping[str, Any], cfg: ModelConfig) -> dict:
@@ -352,12 +351,71 @@ LLAMA_DEFAULTS = {"norm_scale": True, "embed_norm": False, "qk_norm": False,
 
 
 def check_recurrence_type(recurrence, where: str) -> None:
-  """Only T2MLR can be retrofitted onto (or exported with) a Hugging Face Llama: LRT's
-  per-layer feedback weights have no pretrained counterpart in this format."""
+  """Only T2MLR has a Hugging Face layout (RECURRENCE_KEYS, t2mlr_recurrence.safetensors):
+  a model with another type is saved with checkpoint.export."""
   if recurrence is not None and not isinstance(recurrence, T2MLRConfig):
     raise ValueError(f"{where}: recurrence={type(recurrence).__name__} is invalid: allowed "
-                     "None or a T2MLRConfig (LRT models train from scratch or load the "
-                     "official LRT release with convert.official_lrt)")
+                     "None or a T2MLRConfig (a model with another recurrence type is saved "
+                     "with checkpoint.export)")
+
+
+def check_retrofit(recurrence, where: str):
+  """The recurrence config to add to a pretrained model (None: none), as its type's
+  `retrofit` declaration gives it; a type without one, or a config whose fresh init would
+  change the pretrained function, is refused (before any weight is read)."""
+  if recurrence is None:
+    return None
+  entry = rec.RECURRENCES.get(type(recurrence).type, "recurrence.type")
+  name = type(recurrence).__name__
+  if entry.retrofit is None:
+    able = [t.name for t in rec.RECURRENCES.values() if t.retrofit is not None]
+    raise ValueError(f"{where}: recurrence={name} is invalid: allowed None or a type that "
+                     f"declares how it is added to a pretrained model (retrofit): {able}")
+  try:
+    return entry.retrofit(recurrence)
+  except ValueError as e:
+    raise ValueError(f"{where}: recurrence={name} is invalid: {e}") from None
+
+
+def _flat(tree) -> dict:
+  """{path of names: leaf} of a parameter tree."""
+  key = lambda k: str(getattr(k, "key", getattr(k, "name", k)))
+  return {tuple(map(key, path)): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _nested(flat: dict) -> dict:
+  """The parameter tree of `_flat`'s {path: leaf}."""
+  out: dict = {}
+  for path, leaf in flat.items():
+    node = out
+    for k in path[:-1]:
+      node = node.setdefault(k, {})
+    node[path[-1]] = leaf
+  return out
+
+
+def split_base(params, cfg: ModelConfig) -> tuple[dict, dict]:
+  """(the base model's parameters, the rest as {path: leaf}): the leaves a model without
+  cfg's recurrence has, and those its recurrence added (its own, its layers')."""
+  base = set(_flat(jax.eval_shape(lambda: init_params(cfg.replace(recurrence=None),
+                                                      jax.random.PRNGKey(0)))))
+  flat = _flat(params)
+  return (_nested({p: v for p, v in flat.items() if p in base}),
+          {p: v for p, v in flat.items() if p not in base})
+
+
+def retrofit(cfg: ModelConfig, base, seed: int = 0):
+  """A pretrained model's parameters `base` with cfg's recurrence added: each leaf of a
+  fresh init (`init_params(cfg)`) that `base` lacks. cfg.recurrence is what `check_retrofit`
+  returned, so the model computes the pretrained function until it trains."""
+  if cfg.recurrence is None:
+    return base
+  have = set(_flat(base))
+  fresh = jax.jit(lambda r: {"/".join(p): v for p, v in _flat(init_params(cfg, r)).items()
+                             if p not in have})(jax.random.PRNGKey(seed))
+  return _nested({**_flat(base), **{tuple(p.split("/")): v
+                                    for p, v in jax.device_get(fresh).items()}})
 
 
 def check_llama_compatible(cfg: ModelConfig) -> None:

@@ -5,9 +5,12 @@
 
 The sources: a GGUF file (its own tokenizer, rebuilt from the metadata), a Hugging Face
 directory or a parameter export (the tokenizer files beside the weights), a training
-workdir (an lm run's prepared-data copy of its tokenizer, else `data.tokenizer` or
-`model.init_from` of its saved config). `tokenizer=` overrides the search; a model
-without a tokenizer is an error naming every place that was looked at. What the
+workdir (its task's own vocabulary when `own` is given: S5's, from
+`train.tasks.own_tokenizer`, which chat passes; an lm run's prepared-data copy of its
+tokenizer; else `data.tokenizer` or `model.init_from` of its saved config). `tokenizer=`
+overrides the search; a model without a tokenizer is an error naming every place that
+was looked at.
+
 One loader for every command: `chat`, `evaluate`, the lm-evaluation-harness adapter
 (`t2mlr_jax.lm_eval`) and `convert --to-hf` open models here. `field` names the argument
 that gave the path in error messages (`--model` on the command line).
@@ -16,7 +19,7 @@ that gave the path in error messages (`--model` on the command line).
 from __future__ import annotations
 
 import os
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 from t2mlr_jax import checkpoint
 from t2mlr_jax.convert import hf
@@ -59,9 +62,10 @@ def _has_tokenizer_json(directory) -> bool:
   return bool(directory) and os.path.isfile(os.path.join(str(directory), "tokenizer.json"))
 
 
-def find_tokenizer(path: str, step: Optional[int] = None, *,
-                   field: str = "path") -> FoundTokenizer:
+def find_tokenizer(path: str, step: Optional[int] = None, *, field: str = "path",
+                   own: Optional[Callable] = None) -> FoundTokenizer:
   """The tokenizer a model at `path` came with (see the module docstring for the order).
+  own: (a workdir's saved config) -> the tokenizer of its task's own vocabulary, or None.
   ValueError listing the places looked at when there is none."""
   fmt = _source_format(path, field)
   if fmt == "gguf":
@@ -72,6 +76,10 @@ def find_tokenizer(path: str, step: Optional[int] = None, *,
   if fmt == "workdir":
     config = checkpoint.load_config(path, step)
     data = config.get("data", {})
+    if own is not None:
+      looked.append(f"the vocabulary of data.task={data.get('task')!r}")
+      if own(config) is not None:
+        return FoundTokenizer(own(config), f"data.task={data.get('task')}", False)
     if data.get("task") == "lm" and data.get("path"):
       manifest_file = os.path.join(data.path, lm.MANIFEST)
       looked.append(manifest_file)
@@ -113,10 +121,10 @@ def load_model(path: str, step: Optional[int] = None, *, dtype: str = "float32",
 
 def load_model_and_tokenizer(path: str, step: Optional[int] = None,
                              tokenizer: Optional[str] = None, *, dtype: str = "float32",
-                             field: str = "path"):
+                             field: str = "path", own: Optional[Callable] = None):
   """(cfg, params, FoundTokenizer) of any source; `tokenizer` (a directory with
-  tokenizer.json) overrides the model's own. The tokenizer is found (or refused) before
-  the weights are read."""
+  tokenizer.json) overrides the model's own; `own` as `find_tokenizer`'s. The tokenizer
+  is found (or refused) before the weights are read."""
   override = None
   if tokenizer is not None:
     if not _has_tokenizer_json(tokenizer):
@@ -130,6 +138,6 @@ def load_model_and_tokenizer(path: str, step: Optional[int] = None,
                        "with a training workdir")
     cfg, params, tok = from_gguf(path, dtype=dtype)
     return cfg, params, override or FoundTokenizer(tok, path, False)
-  found = override or find_tokenizer(path, step, field=field)
+  found = override or find_tokenizer(path, step, field=field, own=own)
   cfg, params = load_model(path, step, dtype=dtype, field=field)
   return cfg, params, found

@@ -1,7 +1,8 @@
 """Start from a pretrained model: a Hugging Face directory or a parameter export.
 
-Used by training (`model.init_from`) for retrofits: the pretrained weights with
-a T2MLR block added (γ = 0, so the first forward equals the pretrained model).
+Used by training (`model.init_from`) for retrofits: the pretrained weights with a
+recurrence added, of any type that declares how (`retrofit`: T2MLR, γ = 0; LRT with
+init="identity"; a user's), so the first forward equals the pretrained model.
 """
 
 from __future__ import annotations
@@ -10,19 +11,18 @@ import json
 import os
 from typing import Optional
 
-import jax
 from absl import logging
 
 from t2mlr_jax import checkpoint
 from t2mlr_jax.config import ModelConfig, RecurrenceConfig
 from t2mlr_jax.convert import hf
-from t2mlr_jax.model import recurrence as rec
 
 
 def pretrained_config(path: str, **overrides) -> ModelConfig:
   """The base model's ModelConfig (no recurrence unless overridden). A max_seq_len beyond
   the pretrained context is allowed (positions there were never trained) and logged."""
-  hf.check_recurrence_type(overrides.get("recurrence"), "model.init_from")
+  if "recurrence" in overrides:
+    overrides["recurrence"] = hf.check_retrofit(overrides["recurrence"], "model.init_from")
   if checkpoint.is_export(path):
     with open(os.path.join(path, checkpoint.EXPORT_CONFIG)) as f:
       base = checkpoint.model_config_from_meta(json.load(f))
@@ -44,17 +44,20 @@ def pretrained_config(path: str, **overrides) -> ModelConfig:
 
 
 def load_pretrained(path: str, *, recurrence: Optional[RecurrenceConfig], seed: int = 0):
-  """(cfg, params): the pretrained weights, with `recurrence` (fresh, γ = 0, unless the
-  export already holds recurrence weights of the same shape) or without one."""
-  hf.check_recurrence_type(recurrence, "model.init_from")
+  """(cfg, params): the pretrained weights, with `recurrence` (fresh, keeping the
+  pretrained function: its type's `retrofit`, unless the export already holds that
+  recurrence's weights, the same leaves of the same shapes) or without one."""
+  recurrence = hf.check_retrofit(recurrence, "model.init_from")
   if not checkpoint.is_export(path):
     return hf.from_hf(path, recurrence=recurrence, seed=seed)
-  cfg, params = checkpoint.load(path)
-  params = dict(params)
-  old = params.pop("recurrence", None)
-  cfg = cfg.replace(recurrence=recurrence)
-  if recurrence is not None:
-    fresh = jax.device_get(rec.init_params(cfg, jax.random.PRNGKey(seed)))
-    same = old is not None and jax.tree.structure(old) == jax.tree.structure(fresh)
-    params["recurrence"] = old if same else fresh
-  return cfg, params
+  saved_cfg, params = checkpoint.load(path)
+  base, old = hf.split_base(params, saved_cfg)
+  cfg = saved_cfg.replace(recurrence=recurrence)
+  if recurrence is None:
+    return cfg, base
+  fresh = hf.retrofit(cfg, base, seed)
+  _, new = hf.split_base(fresh, cfg)
+  shape = lambda leaves: {p: tuple(v.shape) for p, v in leaves.items()}
+  if type(saved_cfg.recurrence) is type(recurrence) and shape(old) == shape(new):
+    return cfg, params                     # the export's own recurrence weights
+  return cfg, fresh

@@ -81,6 +81,7 @@ class S5Tokenizer:
   that token, anything else is read one character at a time. A character
   outside the vocabulary is an error (never silently `<unk>`).
   """
+  pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID   # what generation and chat read
 
   def __init__(self, vocab: Sequence[str] = VOCAB):
     self.id_to_token: tuple[str, ...] = tuple(vocab)

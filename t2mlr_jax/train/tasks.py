@@ -15,10 +15,12 @@ from t2mlr_jax import checkpoint
 from t2mlr_jax.checkpoint import Checkpointer
 from t2mlr_jax.config import invalid
 from t2mlr_jax.data import (
+  byte_tokenizer,
   pipeline,
   s5,
   s5_curricula,
   s5_examples,
+  s5_group,
   sft,
   variable_assignment,
 )
@@ -51,6 +53,9 @@ class Task(NamedTuple):
   # (config, params, cfg, batches, mode) -> results; None: eval.runner.evaluate + metrics
   evaluate: Optional[Callable] = None
   train_views: bool = False    # evaluations add the training mode's view
+  # (config) -> the tokenizer of the task's own vocabulary (its ids are no tokenizer.json's:
+  # chat and the loaders read a run's tokens with it); None: data.tokenizer / init_from
+  tokenizer: Optional[Callable] = None
 
 
 def _fail(field, value, allowed):
@@ -117,6 +122,11 @@ def _s5_eval_batches(config, word_problem):
   return pipeline.stack_batches(examples, seq_len, d.eval_batch_size)
 
 
+def _s5_tokenizer(config):
+  """The official 188-token S5 vocabulary (s5_group.py), whatever the config."""
+  return s5_group.TOKENIZER
+
+
 def _make_s5(name, word_problem):
   return Task(
       name=name,
@@ -124,7 +134,8 @@ def _make_s5(name, word_problem):
       train_source=functools.partial(_s5_train_source, word_problem=word_problem),
       eval_batches=functools.partial(_s5_eval_batches, word_problem=word_problem),
       metrics=S5Metrics,
-      max_train_len=functools.partial(_s5_max_len, word_problem=word_problem))
+      max_train_len=functools.partial(_s5_max_len, word_problem=word_problem),
+      tokenizer=_s5_tokenizer)
 
 
 def _va_source(config, num_examples, seed_offset=0):
@@ -228,7 +239,8 @@ _REGISTRY = {
     "s5_word_problem": _make_s5("s5_word_problem", True),
     # byte-level, from scratch; answers scored by exact match (greedy, exact recurrence)
     "variable_assignment": Task("variable_assignment", VariableAssignmentData, _va_source,
-                                _va_eval_batches, SequenceMetrics, _va_max_len),
+                                _va_eval_batches, SequenceMetrics, _va_max_len,
+                                tokenizer=lambda config: byte_tokenizer.TOKENIZER),
     # supervised fine-tuning on JSONL (GSM8K-Aug or {prompt, response}), HF tokenizer
     "sft": Task("sft", SFTData, _sft_train_source, _sft_eval_batches, SequenceMetrics,
                 _sft_max_len),
@@ -244,6 +256,16 @@ def get_task(config) -> Task:
   if name not in _REGISTRY:
     _fail("data.task", name, f"one of {sorted(_REGISTRY)}")
   return _REGISTRY[name]
+
+
+def own_tokenizer(config):
+  """The tokenizer of a saved experiment config's task, when the task has a vocabulary of
+  its own (S5, variable assignment); None otherwise (or for a task not registered here).
+  What `convert.loading` takes as `own` for a training workdir."""
+  task = _REGISTRY.get(config.get("data", {}).get("task"))
+  if task is None or task.tokenizer is None:
+    return None
+  return task.tokenizer(config)
 
 
 def run_eval(task: Task, config, params, cfg, batches, mode: str = "exact", mesh=None) -> dict:

@@ -16,8 +16,10 @@ from t2mlr_jax.checkpoint import Checkpointer
 from t2mlr_jax.convert import loading
 from t2mlr_jax.data import lm
 from t2mlr_jax.data.byte_tokenizer import ByteTokenizer
+from t2mlr_jax.data.s5_group import S5Tokenizer
+from t2mlr_jax.train import tasks
 
-from _util import tiny_cfg
+from _util import config_file, tiny_cfg
 from test_checkpoint import data_iterator, train_state
 
 
@@ -125,3 +127,20 @@ def test_a_training_run_finds_the_tokenizer_its_config_names(tmp_path):
   with pytest.raises(ValueError, match=r"looked at .*bare/tokenizer.json, .*gone/tokenizer"
                                        r"\.json \(data\.tokenizer\); pass tokenizer=DIR"):
     loading.find_tokenizer(run)
+
+
+def test_a_run_of_a_task_with_its_own_vocabulary_reads_its_tokens(tmp_path):
+  """A workdir of the default job (S5, no tokenizer.json anywhere) gets its task's own
+  vocabulary when the caller passes `own` (as chat does), which encodes and decodes an S5
+  prompt; without it, the one-line reason; an lm task has no vocabulary of its own."""
+  run = _workdir(tmp_path / "s5", config_file("s5_retrieval", "tiny").to_dict())
+  with pytest.raises(ValueError, match=r"no tokenizer found for .*; pass --tokenizer=DIR"):
+    loading.load_model_and_tokenizer(run, field="--model")
+  _, _, found = loading.load_model_and_tokenizer(run, field="--model",
+                                                 own=tasks.own_tokenizer)
+  tok = found.tokenizer
+  assert isinstance(tok, S5Tokenizer) and found.source == "data.task=s5_retrieval"
+  prompt = "ab|cd|<A_21345><A_12354>|"
+  assert tok.decode(tok.encode(prompt)) == prompt
+  assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 2, 3)
+  assert tasks.own_tokenizer({"data": {"task": "lm"}}) is None

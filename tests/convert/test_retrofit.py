@@ -1,18 +1,21 @@
-"""Retrofit: a pretrained HF model + T2MLR, fine-tuned by main on SFT data, evaluated, exported."""
+"""Retrofit: a pretrained HF model + T2MLR, fine-tuned by main on SFT data, evaluated, exported;
+LRT and a user's type added to an HF or GGUF model keep its function at step 0."""
 
 import json
 import os
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from t2mlr_jax import checkpoint, forward  # noqa: E402
-from t2mlr_jax.convert import hf  # noqa: E402
+from t2mlr_jax import LRTConfig, checkpoint, forward, registry  # noqa: E402
+from t2mlr_jax.convert import gguf, hf  # noqa: E402
 from t2mlr_jax.convert.__main__ import main as convert_main  # noqa: E402
+from t2mlr_jax.convert.pretrained import load_pretrained  # noqa: E402
 from t2mlr_jax.data.pipeline import make_iterator  # noqa: E402
 from t2mlr_jax.data.tokenizer import load_tokenizer  # noqa: E402
 from t2mlr_jax.eval.jobs import evaluate_downstream  # noqa: E402
@@ -22,8 +25,10 @@ from t2mlr_jax.train.config import model_config  # noqa: E402
 from t2mlr_jax.train.loop import train  # noqa: E402
 from t2mlr_jax.train.metrics import read_metrics  # noqa: E402
 
+from _gguf_fixtures import write_tiny_gguf  # noqa: E402
 from _hf_fixtures import gsm8k_aug_records, make_llama_dir, make_tokenizer_dir  # noqa: E402
 from _util import REPO_ROOT
+from test_user_module import EXAMPLES, user_type_file  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "configs"))
 import retrofit_smollm2_1p7b_gsm8k as retrofit  # noqa: E402
@@ -73,6 +78,75 @@ def test_convert_cli_export_roundtrip(pretrained, tmp_path):
   np.testing.assert_allclose(forward(params, cfg, tokens, mode="exact"),
                              forward(ref, ref_cfg, tokens, mode="parallel"), atol=1e-5)
   assert os.path.isfile(os.path.join(out, "tokenizer.json"))
+
+
+def _logits_agree(cfg, params, base_cfg, base, tokens, exact=True):
+  """Step 0 of a retrofit: parallel mode equals the base model, exact mode to 1e-5."""
+  want = np.asarray(forward(base, base_cfg, tokens, mode="parallel"))
+  np.testing.assert_array_equal(np.asarray(forward(params, cfg, tokens, mode="parallel")), want)
+  if exact:
+    assert np.abs(np.asarray(forward(params, cfg, tokens, mode="exact")) - want).max() <= 1e-5
+
+
+def test_lrt_added_to_a_pretrained_model_keeps_its_function(pretrained, tmp_path):
+  """LRT's retrofit (init="identity") into an HF Llama and a GGUF file: the base model's
+  logits in parallel and exact modes; its export loads back with or without LRT; the
+  release's init is refused before anything is read."""
+  model_dir, _, _ = pretrained
+  tokens = np.arange(12, dtype=np.int32)[None]
+  base_cfg, base = hf.from_hf(model_dir)
+  out = str(tmp_path / "lrt")
+  convert_main(["--from-hf", model_dir, "--to", out, "--recurrence=lrt",
+                "--recurrence_field", "init=identity", "--recurrence_field", "source_layer=-2"])
+  cfg, params = checkpoint.load(out)
+  assert cfg.recurrence == LRTConfig(init="identity", source_layer=-2)
+  assert "memory" in params["layers"]
+  _logits_agree(cfg, params, base_cfg, base, tokens)
+  again_cfg, again = load_pretrained(out, recurrence=cfg.recurrence)    # its own weights
+  jax.tree.map(np.testing.assert_array_equal, again, params)
+  plain_cfg, plain = load_pretrained(out, recurrence=None)
+  assert plain_cfg.recurrence is None and "memory" not in plain["layers"]
+  with pytest.raises(ValueError, match=r"from_hf: recurrence=LRTConfig is invalid: "
+                                       r"recurrence.init='official' is invalid: allowed "
+                                       r"'identity'"):
+    hf.from_hf(str(tmp_path / "nowhere"), recurrence=LRTConfig())
+  path = str(tmp_path / "tiny.gguf")
+  write_tiny_gguf(path, n_layers=2, d_model=32)
+  base_cfg, base, _ = gguf.from_gguf(path)
+  cfg, params, _ = gguf.from_gguf(path, recurrence=LRTConfig(init="identity"))
+  # the same retrofit as from_hf's (exact mode checked above): its weights all start at 0
+  assert not any(np.any(leaf) for leaf in jax.tree.leaves(params["layers"]["memory"]))
+  _logits_agree(cfg, params, base_cfg, base, tokens, exact=False)
+
+
+def test_a_users_type_through_the_convert_command(pretrained, tmp_path):
+  """`convert --user_module` adds a user's type that declares `retrofit` (echo, α = 0):
+  the export records the file and loads as the base model; a type without the
+  declaration, or a field of the wrong type, is refused."""
+  model_dir, _, _ = pretrained
+  mine = user_type_file(tmp_path / "mine", stem="retrofit_echo", name="retrofit_echo",
+                        retrofit=True)
+  out = str(tmp_path / "export")
+  had = set(registry.RECURRENCES.names())
+  try:
+    convert_main(["--from-hf", model_dir, "--to", out, f"--user_module={mine}",
+                  "--recurrence=retrofit_echo", "--l_start=1", "--l_end=2"])
+    assert json.load(open(os.path.join(out, "model.json")))["user_modules"][-1] == mine
+    cfg, params = checkpoint.load(out)
+    assert cfg.recurrence.type == "retrofit_echo" and cfg.span == (1, 2)
+    base_cfg, base = hf.from_hf(model_dir)
+    _logits_agree(cfg, params, base_cfg, base, np.arange(12, dtype=np.int32)[None])
+    with pytest.raises(ValueError, match=r"recurrence=EchoConfig is invalid: allowed None or "
+                                         r"a type that declares .* \['lrt', 't2mlr', 'retrofit_echo'\]"):
+      convert_main(["--from-hf", model_dir, "--to", str(tmp_path / "echo"),
+                    f"--user_module={EXAMPLES}/echo.py", "--recurrence=echo"])
+    with pytest.raises(ValueError, match=r"--recurrence_field source_layer='one' is "
+                                         "invalid: allowed an int"):
+      convert_main(["--from-hf", model_dir, "--to", str(tmp_path / "bad"),
+                    "--recurrence=lrt", "--recurrence_field", "source_layer=one"])
+  finally:
+    for name in {"retrofit_echo", "echo"} - had:
+      registry.RECURRENCES.unregister(name)
 
 
 @pytest.mark.slow       # the chat_and_retrofit notebook covers it too; slow step

@@ -324,8 +324,18 @@ def refresh_kv(params, cfg: ModelConfig, rope, buf: KV, extras, old, memory_BTD,
   return KV(keys, values), (k_pre, g_fb), (k_new, v_new)
 
 
+def retrofit(rcfg: LRTConfig) -> LRTConfig:
+  """LRT is added to a pretrained model with init="identity" (γ = 0, zero feedback weights
+  and value embeddings, gates 2σ(0) = 1): it computes the pretrained function until it
+  trains. The release's init ("official") would change that function."""
+  if rcfg.init != "identity":
+    invalid("recurrence.init", rcfg.init, "'identity' to add LRT to a pretrained model (the "
+            "release's init changes the pretrained function)")
+  return rcfg
+
+
 TYPE = RECURRENCES.register(RecurrenceType.from_module(
-    sys.modules[__name__], name=LRTConfig.type, config=LRTConfig,
+    sys.modules[__name__], name=LRTConfig.type, config=LRTConfig, retrofit=retrofit,
     # γ_i, one scalar per layer (the release keeps every scalar out of weight decay)
     no_decay=("gamma",),
     partition_rules=(
