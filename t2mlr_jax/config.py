@@ -124,6 +124,15 @@ class _Replaceable:
     return dataclasses.asdict(self)
 
 
+def json_ready(value):
+  """`value` with its tuples as lists, at any depth: a config as JSON records it."""
+  if isinstance(value, (tuple, list)):
+    return [json_ready(v) for v in value]
+  if isinstance(value, dict):
+    return {k: json_ready(v) for k, v in value.items()}
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling(_Replaceable):
   """Llama-3.x frequency-dependent RoPE scaling (`rope_type="llama3"`)."""
@@ -171,8 +180,9 @@ class RecurrenceConfig(_Replaceable):
     return super().__new__(cls)
 
   def to_dict(self) -> dict:
-    """The fields and the type name, as `recurrence_from_dict` reads them back."""
-    return {"type": type(self).type, **dataclasses.asdict(self)}
+    """The fields and the type name, as `recurrence_from_dict` reads them back (tuples as
+    lists: what JSON gives back)."""
+    return {"type": type(self).type, **json_ready(dataclasses.asdict(self))}
 
 
 class ScheduleOptions:
@@ -244,8 +254,7 @@ class ScheduleOptions:
 
   def to_dict(self) -> dict:
     """Every declared option with its value (what checkpoints record)."""
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in
-            ((k, self[k]) for k in self.keys())}
+    return {k: json_ready(self[k]) for k in self.keys()}
 
   def __eq__(self, other):
     return isinstance(other, ScheduleOptions) and self._items == other._items

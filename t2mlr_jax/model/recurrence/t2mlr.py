@@ -18,15 +18,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from typing import Callable, ClassVar, NamedTuple, Optional
+from typing import ClassVar
 
-import flax.linen as nn
+import chex
 import jax
 import jax.numpy as jnp
 
 from t2mlr_jax.config import ModelConfig, RecurrenceConfig, invalid
+from t2mlr_jax.model import mixers
 from t2mlr_jax.model.control_flow import CF_PAD, CF_PLAIN, CF_RECURRENT
-from t2mlr_jax.model.layers import matmul_fp32
+from t2mlr_jax.model.mixers import MIXERS, GateStats
 from t2mlr_jax.registry import RECURRENCES, RecurrenceType
 
 CACHE_NORMS = ("clipped_rms", "rmsnorm", "none")
@@ -53,6 +54,8 @@ class T2MLRConfig(RecurrenceConfig):
   cache_norm_clip: float = 5.0      # clipped_rms: clip of the normalised state
   gate_init: float = 0.5       # sigmoid gates start at this value (bias = logit)
   gate_gain: float = 1.0       # Xavier-normal gain of f_rec/f_cur (1e-2 for retrofit)
+  mixer: str = "gated"         # the fusion Φ: a registered mixer (model/mixers.py)
+  mixer_options: tuple = ()    # its options: (name, value) pairs or "name=value" strings
 
   def __post_init__(self):
     if self.cache_norm not in CACHE_NORMS:
@@ -65,6 +68,9 @@ class T2MLRConfig(RecurrenceConfig):
       invalid("cache_norm_eps", self.cache_norm_eps, "> 0")
     if not self.gate_gain > 0:
       invalid("gate_gain", self.gate_gain, "> 0")
+    MIXERS.get(self.mixer, "recurrence.mixer")
+    object.__setattr__(self, "mixer_options",
+                       mixers.canonical_options(self.mixer, self.mixer_options))
 
   @property
   def gate_bias(self) -> float:
@@ -86,76 +92,22 @@ class T2MLRConfig(RecurrenceConfig):
     return start, end
 
   def num_params(self, model: "ModelConfig") -> int:
-    """The fusion's W_rec and two gates (5D² + 2D), γ_rec, γ_cur, an RMSNorm scale."""
+    """The mixer's parameters (the paper's Φ: W_rec and two gates, 5D² + 2D, γ_rec, γ_cur)
+    and an RMSNorm scale."""
     D = model.d_model
-    return 5 * D * D + 2 * D + 2 + (D if self.cache_norm == "rmsnorm" else 0)
+    return mixers.num_params(self, D) + (D if self.cache_norm == "rmsnorm" else 0)
 
   def mixer_flops(self, model: "ModelConfig", tokens: int, layers=None) -> float:
-    """The fusion's matmuls, once per run of the span whatever the `layers` run: W_rec
-    (D²) and the two gates (2D·D each), 5D² multiply-adds."""
-    return float(2 * 5 * model.d_model ** 2 * tokens)
-
-
-def _torch_linear_uniform(key, shape, dtype=jnp.float32):
-  """PyTorch's default nn.Linear init: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
-  bound = 1.0 / jnp.sqrt(shape[0])
-  return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-
-class GateStats(NamedTuple):
-  s_rec: jnp.ndarray   # [B, T, D] recurrent gate σ(f_rec g)
-  s_cur: jnp.ndarray   # [B, T, D] current gate σ(f_cur g)
-
-
-class _LinearParams(nn.Module):
-  """The kernel [in, out] (and bias) of a Linear, declared exactly as nn.Dense declares
-  them (same names, order and RNG stream) but returned instead of applied."""
-  features: int
-  kernel_init: Callable
-  bias_init: Optional[Callable] = None
-
-  @nn.compact
-  def __call__(self, in_features: int):
-    kernel = self.param("kernel", self.kernel_init, (in_features, self.features), jnp.float32)
-    if self.bias_init is None:
-      return kernel, None
-    return kernel, self.param("bias", self.bias_init, (self.features,), jnp.float32)
-
-
-class T2MLRFusion(nn.Module):
-  """Φ(h, R) at every position (the caller selects where it applies), fp32.
-
-  Parameters (Linen layout): w_rec {kernel}, f_rec/f_cur {kernel [2D, D], bias}, γ_rec,
-  γ_cur. The two gates read the same g = [h, W_rec R]; their kernels are concatenated so
-  one [2D, 2D] matmul computes both (inside scans and loops XLA hoists the concatenation
-  out as loop-invariant)."""
-  rcfg: T2MLRConfig
-  d_model: int
-
-  @nn.compact
-  def __call__(self, h_BTD, prev_BTD):
-    rcfg, D = self.rcfg, self.d_model
-    gate_kernel = nn.initializers.variance_scaling(rcfg.gate_gain ** 2, "fan_avg", "normal")
-    gate_bias = nn.initializers.constant(rcfg.gate_bias)
-    gamma_rec = self.param("gamma_rec", nn.initializers.zeros, (), jnp.float32)
-    gamma_cur = self.param("gamma_cur", nn.initializers.zeros, (), jnp.float32)
-    w_rec, _ = _LinearParams(D, _torch_linear_uniform, name="w_rec")(D)
-    k_rec, b_rec = _LinearParams(D, gate_kernel, gate_bias, name="f_rec")(2 * D)
-    k_cur, b_cur = _LinearParams(D, gate_kernel, gate_bias, name="f_cur")(2 * D)
-    r = matmul_fp32(prev_BTD, w_rec, "t2mlr_w_rec")
-    g = jnp.concatenate([h_BTD, r], axis=-1)
-    s = jax.nn.sigmoid(matmul_fp32(g, jnp.concatenate([k_rec, k_cur], axis=1), "t2mlr_gates")
-                       + jnp.concatenate([b_rec, b_cur]))
-    s_rec, s_cur = s[..., :D], s[..., D:]
-    out = h_BTD + jnp.tanh(gamma_rec) * s_rec * r + jnp.tanh(gamma_cur) * s_cur * h_BTD
-    return out, GateStats(s_rec, s_cur)
+    """The mixer's FLOPs, once per run of the span whatever the `layers` run (the paper's
+    Φ: W_rec (D²) and the two gates (2D·D each), 5D² multiply-adds)."""
+    return mixers.flops_per_token(self, model.d_model) * tokens
 
 
 def init_params(cfg: ModelConfig, rng) -> dict:
   rcfg = cfg.recurrence
   D = cfg.d_model
   dummy = jnp.zeros((1, 1, D), jnp.float32)
-  params = dict(T2MLRFusion(rcfg, D).init(rng, dummy, dummy)["params"])
+  params = dict(mixers.module_of(rcfg, D).init(rng, dummy, dummy).get("params", {}))
   if rcfg.residual and rcfg.cache_norm == "rmsnorm":
     params["cache_norm"] = {"scale": jnp.ones((D,), jnp.float32)}
   return params
@@ -183,10 +135,12 @@ def memory(cfg: ModelConfig, state_BTD, cf_BT):
 def enter(params, cfg: ModelConfig, h_BTD, prev_BTD, cf_BT):
   """Residual stream entering l_start: Φ(h, R) (R = prev, the state read) where cf == 2, h
   elsewhere; and the gates."""
+  chex.assert_equal_shape([h_BTD, prev_BTD])
   p = {k: v for k, v in params["recurrence"].items() if k != "cache_norm"}
   dtype = h_BTD.dtype
   h32 = h_BTD.astype(jnp.float32)
-  fused, gates = T2MLRFusion(cfg.recurrence, cfg.d_model).apply({"params": p}, h32, prev_BTD)
+  module = mixers.module_of(cfg.recurrence, cfg.d_model)
+  fused, gates = module.apply({"params": p} if p else {}, h32, prev_BTD)
   out = jnp.where((cf_BT == CF_RECURRENT)[..., None], fused, h32)
   return out.astype(dtype), gates
 
@@ -236,18 +190,26 @@ def layer_stats(collected, cfg: ModelConfig) -> dict:
 
 
 def scalars(params, cfg: ModelConfig) -> dict:
-  """The learned scalars a training log shows: γ_rec and γ_cur."""
-  rec = params["recurrence"]
-  return {"gamma_rec": rec["gamma_rec"], "gamma_cur": rec["gamma_cur"]}
+  """The learned scalars a training log shows: the mixer's (γ_rec and γ_cur for Φ)."""
+  return {k: v for k, v in params["recurrence"].items()
+          if k != "cache_norm" and not isinstance(v, dict) and jnp.ndim(v) == 0}
 
 
 def value_embed_rows(params, cfg: ModelConfig, tokens_BT):
   return None
 
 
+def retrofit(rcfg: T2MLRConfig) -> T2MLRConfig:
+  """Any T2MLR block can be added to a pretrained model: γ_rec = γ_cur = 0 at init, so
+  Φ(h, R) = h and the model computes the pretrained function until it trains; so can any
+  mixer whose fresh init is the identity (`Mixer.identity_at_init`)."""
+  mixers.check_identity_at_init(rcfg)
+  return rcfg
+
+
 TYPE = RECURRENCES.register(RecurrenceType.from_module(
     sys.modules[__name__], name=T2MLRConfig.type, config=T2MLRConfig, default=True,
-    # γ_rec / γ_cur are the gates' scalars (the cache norm's and the gates' biases are the
-    # backbone's rule: `scale`, `bias`); W_rec and the gate kernels decay as matrices
-    no_decay=("gamma_rec", "gamma_cur"),
-    partition_rules=((r"recurrence/(w_rec|f_rec|f_cur)/kernel$", ("embed", None)),)))
+    retrofit=retrofit,
+    # every registered mixer's declarations, read when asked (the cache norm's scale is
+    # the backbone's rule: `scale`)
+    no_decay=mixers.EVERY_NO_DECAY, partition_rules=mixers.EVERY_PARTITION_RULE))
