@@ -17,8 +17,19 @@ if _cache:
 
 
 import gc  # noqa: E402
+import statistics  # noqa: E402
 
+import _file_seconds  # noqa: E402
 import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+  """Longest test files first (tests/fixtures/file_seconds.json; a new file counts as a
+  median one): xdist hands out whole files in this order (pytest.ini), so the last ones
+  are short and both workers finish together."""
+  seconds = _file_seconds.load()
+  median = statistics.median(seconds.values())
+  items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], median))
 
 
 @pytest.fixture(autouse=True, scope="module")
