@@ -3,8 +3,11 @@ write it: HF-layout weights with Q/K rows permuted, mixed quantisation types, an
 byte-level BPE tokenizer (trained here) in the metadata."""
 
 import json
+import os
 
 import numpy as np
+
+from t2mlr_jax.convert.loading import load_model_and_tokenizer
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                  "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
@@ -137,3 +140,11 @@ def write_tiny_gguf(path, *, arch="llama", n_layers=2, d_model=64, n_heads=4, n_
   w.write_tensors_to_file()
   w.close()
   return sd
+
+
+def tiny_gguf_model(directory):
+  """(cfg, params, tokenizer) of a tiny GGUF written in `directory`, as a server loads it."""
+  path = os.path.join(directory, "tiny.gguf")
+  write_tiny_gguf(path)
+  cfg, params, found = load_model_and_tokenizer(path)
+  return cfg, params, found.tokenizer

@@ -40,6 +40,17 @@ def _restore_registries():
     for name in set(reg.names()) - set(names):
       reg.unregister(name)
   registry.USER_MODULES[:] = modules
+  forget_modules(EXAMPLES)
+
+
+def forget_modules(folder) -> None:
+  """Drop the imported modules of files under `folder` (their registrations are undone):
+  a later import of the same file runs it again and registers its types anew."""
+  folder = os.path.realpath(folder)
+  for name, module in list(sys.modules.items()):
+    path = getattr(module, "__file__", None)
+    if path and os.path.realpath(path).startswith(folder + os.sep):
+      del sys.modules[name]
 
 
 def _cli(module, *args):

@@ -452,11 +452,16 @@ def _clamp_alpha(alpha):
 # ----------------------------------------------------------------------------- mixers
 
 
-class NoMixer(nn.Module):
-  """`none`: out = h (the state is read but not used)."""
+class MixerModule(nn.Module):
+  """A mixer's Linen module: its options, the recurrence config and the model width;
+  called as (h_BTD, prev_BTD) -> (out_BTD, GateStats)."""
   opts: Any
   rcfg: Any
   d_model: int
+
+
+class NoMixer(MixerModule):
+  """`none`: out = h (the state is read but not used)."""
 
   def __call__(self, h_BTD, prev_BTD):
     return h_BTD, _stats(h_BTD, 0.0, 1.0)
@@ -473,11 +478,8 @@ class ConstantWeightOptions(StreamNormOptions):
       invalid("recurrent_alpha", self.recurrent_alpha, "a float")
 
 
-class ConstantWeightMixer(nn.Module):
+class ConstantWeightMixer(MixerModule):
   """`constant_weight`: out = (1 − α) h + α R, α = clip(alpha, 0, 1)."""
-  opts: Any
-  rcfg: Any
-  d_model: int
 
   @nn.compact
   def __call__(self, h_BTD, prev_BTD):
@@ -498,11 +500,8 @@ class ConcatOptions(ProjectionOptions, StreamNormOptions):
     StreamNormOptions.__post_init__(self)
 
 
-class ConcatMixer(nn.Module):
+class ConcatMixer(MixerModule):
   """`concat`: out = W_cat [h, r], r = the projected state; W_cat starts at [I | 0]."""
-  opts: Any
-  rcfg: Any
-  d_model: int
 
   @nn.compact
   def __call__(self, h_BTD, prev_BTD):
@@ -548,14 +547,11 @@ class GatedOptions(GateProjOptions, ProjectionOptions, StreamNormOptions):
     return self.gate_input_detach if own is None else own
 
 
-class GatedMixer(nn.Module):
+class GatedMixer(MixerModule):
   """`gated` (the paper's Φ with the defaults): r = W_rec R, g = [h, r],
   s_rec = σ(f_rec g), s_cur = σ(f_cur g), out = h + tanh(γ_rec) s_rec ⊙ r + tanh(γ_cur) s_cur ⊙ h.
   With both gates linear and read alike, their kernels are concatenated so one [2D, 2D]
   matmul computes both (inside scans and loops XLA hoists the concatenation)."""
-  opts: Any
-  rcfg: Any
-  d_model: int
 
   @nn.compact
   def __call__(self, h_BTD, prev_BTD):
@@ -631,12 +627,9 @@ class AlphaOptions(GateProjOptions, ProjectionOptions, StreamNormOptions):
     _check_prob("recurrent_gate_init", self.recurrent_gate_init)
 
 
-class AlphaMixer(nn.Module):
+class AlphaMixer(MixerModule):
   """`alpha_coupled` (w(α) = (α, 1 − α)) and `var_norm_gated` (w(α) = (√α, √(1 − α))):
   y = w_rec r + w_cur h, out = h + tanh(γ) y; α clipped to [1e-4, 1 − 1e-4]."""
-  opts: Any
-  rcfg: Any
-  d_model: int
   root: bool = False
 
   @nn.compact
@@ -688,12 +681,9 @@ class RotationalOptions(StreamNormOptions):
               ">= 0")
 
 
-class RotationalMixer(nn.Module):
+class RotationalMixer(MixerModule):
   """`exponential_rotational_gated`: r_t = σ(W_a u), i_t = σ(W_x u) (u = h or [h, R]),
   a = exp(−c softplus(Λ) r_t), out = a h + √(1 − a² + ε) i_t R."""
-  opts: Any
-  rcfg: Any
-  d_model: int
 
   @nn.compact
   def __call__(self, h_BTD, prev_BTD):

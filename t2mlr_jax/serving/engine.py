@@ -391,6 +391,7 @@ class Engine:
     cache_len = _bucket(max(self._needs() + [prompt_len + max_tokens]), self.cache_buckets)
     if self.slots is None or batch != self.batch or cache_len != self.cache_len:
       self._reshape(batch, cache_len, order)
+      order = [r for r in range(self.batch) if self.rows[r] is not None]   # rows moved
     index = int(self.slots.decode.index)
     want = max([self.span[r] for r in order] + [prompt_len])
     if index < want:

@@ -44,14 +44,18 @@ class MetricsWriter:
     self.path = root / "metrics.jsonl"
     self._remote = paths.is_remote(root)
     self._lines: list[str] = []
-    self._tb = None
-    if enabled:
-      if self._remote and self.path.exists():
-        self._lines = self.path.read_text().splitlines(keepends=True)
+    self._tb = None                 # opened at the first record: a refused run writes nothing
+    self._tb_dir = str(root / "tensorboard")
+    if enabled and self._remote and self.path.exists():
+      self._lines = self.path.read_text().splitlines(keepends=True)
+
+  def _tensorboard(self):
+    if self._tb is None:
       # here, not at the top: tensorboardX's writer imports torch whenever torch is
       # installed (2 s), which every command importing the trainer would pay at startup
       from tensorboardX import SummaryWriter  # noqa: PLC0415
-      self._tb = SummaryWriter(str(root / "tensorboard"))
+      self._tb = SummaryWriter(self._tb_dir)
+    return self._tb
 
   def truncate_after(self, step: int) -> None:
     """Drop records beyond `step` (logged after the checkpoint a run resumes from)."""
@@ -73,9 +77,10 @@ class MetricsWriter:
     else:
       with self.path.open("a") as f:
         f.write(line)
+    tb = self._tensorboard()
     for name, value in _scalars(metrics, f"{record_type}/").items():
-      self._tb.add_scalar(name, value, int(step))
-    self._tb.flush()
+      tb.add_scalar(name, value, int(step))
+    tb.flush()
 
   def close(self) -> None:
     if self._tb is not None:

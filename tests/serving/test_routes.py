@@ -18,20 +18,16 @@ from fastapi.exceptions import RequestValidationError
 
 from serving.test_server import Running
 from t2mlr_jax import forward
-from t2mlr_jax.convert.loading import load_model_and_tokenizer
 from t2mlr_jax.serving import routes, server as serving
 
-from _gguf_fixtures import write_tiny_gguf
+from _gguf_fixtures import tiny_gguf_model
 
 PROMPT = "Numbers 1 22 333"
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-  path = tmp_path_factory.mktemp("routes") / "tiny.gguf"
-  write_tiny_gguf(path)
-  cfg, params, found = load_model_and_tokenizer(str(path))
-  return cfg, params, found.tokenizer
+  return tiny_gguf_model(tmp_path_factory.mktemp("routes"))
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from t2mlr_jax import T2MLRConfig, forward, generate, init_params
 from t2mlr_jax.convert.loading import load_model_and_tokenizer
 from t2mlr_jax.serving import server as serving
 
-from _gguf_fixtures import write_tiny_gguf
+from _gguf_fixtures import tiny_gguf_model, write_tiny_gguf
 from _util import REPO_ROOT
 
 
@@ -75,10 +75,7 @@ def _greedy_answer(params, cfg, tok, ids, n, prompt_cf=2):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-  path = tmp_path_factory.mktemp("serve") / "tiny.gguf"
-  write_tiny_gguf(path)
-  cfg, params, found = load_model_and_tokenizer(str(path))
-  return cfg, params, found.tokenizer
+  return tiny_gguf_model(tmp_path_factory.mktemp("serve"))
 
 
 @pytest.fixture(scope="module")
@@ -400,8 +397,8 @@ def test_metrics_in_prometheus_text(running):
 
 
 def test_a_mixed_load_compiles_nothing_after_the_default_warmup(model):
-  """The default warm-up (every prompt bucket up to max_len), then sixty requests eight at
-  a time, prompts of 1..max_len - max_tokens tokens, completions and chat, echo and
+  """The default warm-up (every prompt bucket up to max_len), then sixty requests at once
+  (queued, admitted as slots free, rows moving as the batch bucket shrinks), prompts of 1..max_len - max_tokens tokens, completions and chat, echo and
   logprobs, the recurrence off, sampled or greedy: nothing compiles after warm-up, and
   /metrics says so."""
   from concurrent.futures import ThreadPoolExecutor
@@ -423,7 +420,7 @@ def test_a_mixed_load_compiles_nothing_after_the_default_warmup(model):
         L = 1 + (i * 37) % (64 - 8)
         bodies.append(("/v1/completions", {**body, "echo": i % 4 == 0, "logprobs": i % 3,
                                            "prompt": rng.integers(1, 200, L).tolist()}))
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(60) as pool:
       results = list(pool.map(lambda pb: run.post(*pb), bodies))
     assert [r[0] for r in results] == [200] * 60, [r[1] for r in results if r[0] != 200]
     assert run.server.late_compiles == 0
