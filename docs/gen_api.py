@@ -98,6 +98,12 @@ class _Raw:
     return self.text
 
 
+def _library_names(reg) -> list:
+  """The library's own entries of a registry (a user's, imported in the same process, are
+  not the library's API)."""
+  return [e.name for e in reg.values() if e.source.startswith("t2mlr_jax.")]
+
+
 def value_repr(value) -> str:
   """A reproducible repr: no memory addresses, no machine-dependent paths."""
   if inspect.isfunction(value) or inspect.isclass(value) or inspect.isbuiltin(value):
@@ -432,7 +438,7 @@ class Renderer:
       order["."].insert(0, "model")
     comments.update({f"model.{k}": v for k, v in field_comments(model_cls).items()})
     comments["model.arch"] = ("a registered model family: "
-                              + ", ".join(registry.FAMILIES.names()))
+                              + ", ".join(_library_names(registry.FAMILIES)))
     comments["model.init_from"] = "HF directory or export to start from"
     # the train, optimizer and data groups are built from typed dataclasses too (data: the
     # union of every task's, train/data_configs.py): their fields' order and comments
@@ -450,7 +456,7 @@ class Renderer:
     order["model.recurrence"] = ["type"] + [f.name for f in dataclasses.fields(rec_cls)]
     comments.update({f"model.recurrence.{k}": v for k, v in field_comments(rec_cls).items()})
     comments["model.recurrence.type"] = ("a registered recurrence type: "
-                                         + ", ".join(registry.RECURRENCES.names()))
+                                         + ", ".join(_library_names(registry.RECURRENCES)))
     self.emit("### Experiment config fields\n")
     self.emit("Every field of `base_config()`, by group, with its default (`None`: unset; "
               "the type is what a command-line override must parse as, e.g. "
