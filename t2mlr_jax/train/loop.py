@@ -351,11 +351,14 @@ def _check_same_config(saved: dict, current: dict, workdir) -> None:
                      f"(only {', '.join(config_lib.RESUME_MUTABLE)} may change): {detail}")
 
 
-def _log(run: _Run, step: int, window: list, elapsed: float, step_flops, bar) -> dict:
-  """Write the window's metrics (WINDOW_MEANS' means, the others' last values, rates)."""
+def _log(run: _Run, step: int, window: list, window_start: float, step_flops, bar) -> dict:
+  """Write the window's metrics (WINDOW_MEANS' means, the others' last values, rates). The
+  rates count from `window_start` to the window's results on the host: steps dispatch
+  asynchronously, so a clock read before the fetch would time the dispatch alone."""
   t = run.t
   _check_finite(run.state, run.ckpt, run.resumed_step)
   fetched = jax.device_get(window)
+  elapsed = time.perf_counter() - window_start
   last = {k: float(np.mean([m[k] for m in fetched])) if k in WINDOW_MEANS
           else _logged(fetched[-1][k]) for k in fetched[-1]}
   last["loss_last"] = float(np.asarray(fetched[-1]["loss"]))
@@ -424,7 +427,7 @@ def _steps(run: _Run, cleanup: contextlib.ExitStack, progress: bool) -> dict:
       # every process stops at the same step, whichever received the signal
       stopping = distributed.any_process(stop.received is not None)
       if step % t.log_every == 0 or step == stop_at or stopping:
-        last = _log(run, step, window, time.perf_counter() - window_start, step_flops, bar)
+        last = _log(run, step, window, window_start, step_flops, bar)
         window, window_start = [], time.perf_counter()
       if step % t.eval_every == 0 or step == t.num_steps:
         with bar.paused():          # the rate and the ETA count training steps only

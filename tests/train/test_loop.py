@@ -171,9 +171,19 @@ def test_a_checkpoint_written_with_the_options_in_the_recurrence_resumes(referen
   _assert_same_params(_params(wd), _params(reference))
 
 
-def test_a_log_window_shorter_than_log_every_says_which_steps_it_averages(tmp_path, capsys):
+def test_a_log_window_shorter_than_log_every_says_which_steps_it_averages(
+    tmp_path, capsys, monkeypatch):
   """After a resume (or at a stop) the first window covers fewer steps than log_every: its
-  line names them, and the record says how many steps its mean loss has."""
+  line names them, and the record says how many steps its mean loss has. Its rates count
+  the wait for the window's results (steps dispatch asynchronously): a wait of 0.2 s
+  before each fetch bounds steps/s by window/0.2."""
+  check_finite = loop._check_finite
+
+  def waiting(*args, **kwargs):
+    time.sleep(0.2)
+    return check_finite(*args, **kwargs)
+
+  monkeypatch.setattr(loop, "_check_finite", waiting)
   wd = str(tmp_path)
   loop.train(tiny_config(num_steps=12, log_every=5, stop_after_steps=7), wd, progress=True)
   loop.train(tiny_config(num_steps=12, log_every=5), wd, progress=True)
@@ -184,6 +194,9 @@ def test_a_log_window_shorter_than_log_every_says_which_steps_it_averages(tmp_pa
   assert "over_steps 8-10 " in train[2] and "over_steps 11-12 " in train[3]
   assert [(r["step"], r["loss_window"]) for r in read_metrics(wd)] == \
       [(5, 5), (7, 2), (10, 3), (12, 2)]
+  for r in read_metrics(wd):
+    assert r["steps_per_sec"] <= r["loss_window"] / 0.2, r
+    assert r["tokens_per_sec"] == pytest.approx(r["steps_per_sec"] * 8 * 48)
 
 
 @pytest.mark.slow       # a full run; the stop_after_steps resume runs by default
