@@ -3,9 +3,11 @@ guard: the plain, Jacobi 16/4 and LRT interleaved S = 2 train steps (as the trai
 them, one device) and T2MLR's and LRT's decode steps, each at one fixed small shape.
 
 `canonical(text)` strips what does not change the program (op names, metadata, source
-locations); `tests/fixtures/hlo/NAME.hlo.gz` hold the programs as of commit 5f36796 and
-`test_hlo_reference.py` asks for equality, so a refactor that changes what XLA runs is
-seen (and then timed side by side and explained).
+locations); `tests/fixtures/hlo/NAME.hlo.gz` hold the programs as of commit 5f36796
+(compiled again under the suite's flags when tests/_xla_flags.py took XLA:CPU's loop
+emitters; the code had not changed them) and `test_hlo_reference.py` asks for equality,
+so a refactor that changes what XLA runs is seen (and then timed side by side and
+explained).
 
 The programs are XLA's: a new jax / jaxlib changes them too (regenerate with it, saying
 so). Regenerate (only when a change is meant to change the programs):

@@ -1,11 +1,12 @@
-"""Test setup: 8 fake CPU devices for sharding tests, fp32 matmuls, a compile cache."""
+"""Test setup: compile-speed XLA flags, 8 fake CPU devices for sharding tests, fp32 matmuls,
+an optional compile cache."""
 
 import os
 
-# Tiny test programs: XLA's CPU compile time dominates, so skip LLVM's optimisations.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_backend_optimization_level=0").strip()
+import _xla_flags
+
+# Tiny test programs: XLA's CPU compile time dominates (tests/_xla_flags.py).
+os.environ["XLA_FLAGS"] = _xla_flags.added(os.environ.get("XLA_FLAGS", ""))
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
@@ -19,8 +20,9 @@ if _cache:
 import gc  # noqa: E402
 import statistics  # noqa: E402
 
-import _file_seconds  # noqa: E402
 import pytest  # noqa: E402
+
+import _file_seconds  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

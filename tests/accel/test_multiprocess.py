@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+import _xla_flags
 from _util import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -46,9 +47,8 @@ def _env(devices: int) -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices))
   for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
     env.pop(k, None)
-  # the suite's compile-speed flag (conftest.py) stays: a third less compiling per launch
-  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                              if f.startswith("--xla_backend_optimization_level"))
+  # the suite's compile-speed flags (tests/_xla_flags.py) stay: less compiling per launch
+  env["XLA_FLAGS"] = _xla_flags.split(env.get("XLA_FLAGS", ""))[0]
   for k in [k for k in env if k.startswith("SLURM_") or k.startswith("OMPI_")]:
     env.pop(k)
   return env

@@ -36,7 +36,11 @@ def golden():
 
 
 def _rel(got, want) -> float:
-  return float(np.max(np.abs(np.asarray(got) - want)) / max(np.max(np.abs(want)), 1e-6))
+  """The largest difference relative to the value's largest magnitude, or to 0.1 for a
+  smaller one: a gradient that sums many O(1) terms to near zero (γ_rec's, ~0.01) keeps
+  fp32's absolute precision, not its relative one (each XLA:CPU code generator rounds it
+  to within ~3e-7 of the release)."""
+  return float(np.max(np.abs(np.asarray(got) - want)) / max(np.max(np.abs(want)), 0.1))
 
 
 @pytest.mark.parametrize("case", sorted(META["cases"]))
