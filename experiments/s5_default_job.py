@@ -1,7 +1,8 @@
 """Record a run of the S5 default job (or one of its baselines) in
 experiments/results/s5_default_job.json: its command, seed, commit, machine, wall time,
 parameter count, final exact eval by length (and the zero-memory `parallel` eval of
-recurrent models) and eval curve; or check a run against the README's S5 row.
+recurrent models) and eval curve; or check a run against the README's S5 row and its
+first 50 steps against the committed losses (tests/fixtures/default_job_losses.json).
 
     python -m t2mlr_jax.main --config=configs/s5_retrieval_lrt.py --workdir=workdirs/s5_lrt
     python experiments/s5_default_job.py --name=lrt --config=configs/s5_retrieval_lrt.py \\
@@ -94,6 +95,29 @@ def check_readme(workdir: str, slack: float = 0.01) -> tuple[dict, list[str]]:
                  for n in LENGTHS if n not in final or final[n] < want[n] - slack]
 
 
+FIRST_LOSSES = os.path.join(ROOT, "tests", "fixtures", "default_job_losses.json")
+
+
+def check_first_window(workdir: str) -> tuple[float, float, list[str]]:
+  """(the run's first logged mean loss, the committed losses' mean over the same steps, a
+  one-line complaint if they differ by more than the committed relative tolerance): the
+  guard of the default job's numerics and data stream (tests/_default_job_losses.py)."""
+  from t2mlr_jax.train.metrics import read_metrics
+  fixture = json.load(open(FIRST_LOSSES))
+  first = read_metrics(workdir)[0]
+  n = first.get("loss_window", first["step"])
+  if first["step"] != n or n > len(fixture["losses"]):
+    return first["loss"], float("nan"), [f"the first log line (step {first['step']}, a "
+                                         f"window of {n}) is not steps 1..{n} of at most "
+                                         f"{len(fixture['losses'])} committed ones"]
+  want = sum(fixture["losses"][:n]) / n
+  moved = abs(first["loss"] - want) > fixture["rtol"] * abs(want)
+  return first["loss"], want, [
+      f"the mean loss of steps 1-{n} moved: {first['loss']:.7g} vs committed {want:.7g} "
+      f"(relative tolerance {fixture['rtol']}): a change to the model's numerics or the data "
+      "stream; if meant, run `python tests/_default_job_losses.py`"] if moved else []
+
+
 def record(name: str, config_path: str, workdir: str, note: str = "",
            command: str = "") -> dict:
   import jax
@@ -138,13 +162,17 @@ def main():
                  "python -m t2mlr_jax.main --config=CONFIG --workdir=WORKDIR)")
   p.add_argument("--check_readme", action="store_true",
                  help="exit 1 if the run's final sequence accuracy at any length is below "
-                      "the README's S5 row minus 0.01 (records nothing)")
+                      "the README's S5 row minus 0.01, or its first logged mean loss is not "
+                      "the committed first losses' (records nothing)")
   args = p.parse_args()
   if args.check_readme:
+    loss, want, moved = check_first_window(args.workdir)
     final, below = check_readme(args.workdir)
-    print(f"default job: {final} vs README {readme_row()}")
-    if below:
-      print("below the README: " + "; ".join(below), file=sys.stderr)
+    print(f"default job: first window's mean loss {loss:.7g} vs committed {want:.7g}; "
+          f"final {final} vs README {readme_row()}")
+    for complaint in moved + (["below the README: " + "; ".join(below)] if below else []):
+      print(complaint, file=sys.stderr)
+    if moved or below:
       sys.exit(1)
     return
   if not (args.name and args.config):

@@ -2,15 +2,16 @@
 
 `tests/fixtures/default_job_losses.json` holds the losses of steps 1..50 of
 `python -m t2mlr_jax.main --config=configs/s5_retrieval.py` (run as a user runs it: one
-CPU device, the environment's XLA flags without the test suite's), and
-`test_default_job.py` reruns those steps and compares within `RTOL`, a tolerance that
-holds across x86 CPUs (XLA:CPU compiles for the host's vector units, so the last digits
-differ between machines) but not across a change to the model's numerics or to the data
-stream (see the fixture's `margins`).
+CPU device, the environment's XLA flags without the test suite's). `.ci/run`'s last step
+compares the full default job's first logged mean loss (steps 1-50) with their mean
+(`experiments/s5_default_job.py --check_readme`), within `RTOL`, a tolerance that holds
+across x86 CPUs (XLA:CPU compiles for the host's vector units, so the last digits differ
+between machines) but not across a change to the model's numerics or to the data stream
+(see the fixture's `margins`).
 
-Regenerate (only when a change is meant to move the default job's numbers), and say why
-in the commit:
-    python tests/_default_job_losses.py
+    python tests/_default_job_losses.py --check   # rerun the 50 steps and compare (a minute)
+    python tests/_default_job_losses.py           # regenerate, only when a change is meant
+                                                  # to move them (say why in the commit)
 """
 
 import json
@@ -19,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import _xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "default_job_losses.json")
@@ -32,12 +35,11 @@ RTOL = 1e-4
 
 
 def user_env() -> dict:
-  """The environment a user's run has: the suite's compile-speed XLA flag removed."""
+  """The environment a user's run has: the suite's compile-speed XLA flags removed."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_backend_optimization_level")]
+  flags = _xla_flags.split(env.get("XLA_FLAGS", ""))[1]
   if flags:
-    env["XLA_FLAGS"] = " ".join(flags)
+    env["XLA_FLAGS"] = flags
   else:
     env.pop("XLA_FLAGS", None)
   return env
@@ -71,7 +73,25 @@ def _with_xla_flag(flag: str) -> dict:
   return env
 
 
+def check() -> int:
+  """Rerun the first STEPS steps; 0 if every loss is the committed one within RTOL."""
+  import numpy as np
+  want = json.load(open(FIXTURE))["losses"]
+  got = first_losses()
+  moved = [(i + 1, g, w) for i, (g, w) in enumerate(zip(got, want))
+           if abs(g - w) > RTOL * abs(w)]
+  for step, g, w in moved:
+    print(f"step {step}: loss {g:.7g} vs committed {w:.7g}")
+  print(f"{STEPS - len(moved)} of {STEPS} losses as committed (largest relative change "
+        f"{float(np.max(np.abs(np.subtract(got, want)) / np.abs(want))):.2g}, tolerance {RTOL})")
+  return 1 if moved else 0
+
+
 def main():
+  if sys.argv[1:] == ["--check"]:
+    sys.exit(check())
+  if sys.argv[1:]:
+    sys.exit(f"usage: python {sys.argv[0]} [--check]")
   import jax
   sys.path.insert(0, os.path.join(ROOT, "experiments"))
   from s5_default_job import machine

@@ -38,7 +38,9 @@ def from_junit(paths) -> dict:
 
 
 if __name__ == "__main__":
-  merged = {**load(), **from_junit(sys.argv[1:])}
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(FIXTURE)))
+  merged = {k: v for k, v in {**load(), **from_junit(sys.argv[1:])}.items()
+            if os.path.exists(os.path.join(repo, k))}      # the files still there
   with open(FIXTURE, "w") as f:
     json.dump(dict(sorted(merged.items())), f, indent=1)
     f.write("\n")
