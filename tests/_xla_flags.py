@@ -1,7 +1,9 @@
 """The suite's compile-speed XLA flags, which conftest.py sets before JAX loads: the test
 programs are tiny, so their time goes to compiling. Skipping LLVM's optimisations and
 taking XLA:CPU's loop emitters for fusions instead of its newer fusion emitters compiles a
-tiny train step in 2.2 s instead of 14 (5.6 s with the first flag alone)."""
+tiny model's jacobi, exact and parallel gradients in 2.2-2.7 s instead of 5.6 s (the first
+flag alone). Not for real models: SmolLM2's serving programs compile 2.3 times slower
+with the loop emitters (docs/serving.md)."""
 
 COMPILE_SPEED = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
