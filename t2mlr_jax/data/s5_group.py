@@ -82,6 +82,7 @@ class S5Tokenizer:
   outside the vocabulary is an error (never silently `<unk>`).
   """
   pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID   # what generation and chat read
+  turn_separator = ""     # chat joins turns with it: a turn is S5 text as typed (no newline)
 
   def __init__(self, vocab: Sequence[str] = VOCAB):
     self.id_to_token: tuple[str, ...] = tuple(vocab)

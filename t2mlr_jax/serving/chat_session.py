@@ -44,7 +44,8 @@ class ChatSession:
   def _prompt_ids(self, messages) -> list[int]:
     system = [{"role": "system", "content": self.system}] if self.system else []
     if not getattr(self.tok, "chat_template", None):   # a base model: the turns' text
-      return self.tok.encode("\n".join(m["content"] for m in messages) + "\n")
+      sep = getattr(self.tok, "turn_separator", "\n")    # a task's vocabulary may lack \n
+      return self.tok.encode(sep.join(m["content"] for m in messages) + sep)
     return self.tok.encode(self.tok.apply_chat_template(system + messages))
 
   def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None) -> dict:

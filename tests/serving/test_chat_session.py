@@ -8,8 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from t2mlr_jax import generate, stream
+from t2mlr_jax import ModelConfig, T2MLRConfig, generate, init_params, stream
 from t2mlr_jax.convert.loading import load_model_and_tokenizer
+from t2mlr_jax.data.s5_group import S5Tokenizer
 from t2mlr_jax.serving.chat_session import ChatSession
 
 from _gguf_fixtures import write_tiny_gguf
@@ -64,6 +65,21 @@ def test_chat_session_streams_the_greedy_answer_and_keeps_history(tiny_gguf):
   with pytest.raises(ValueError, match="at most .* fit before the 12 new tokens"):
     session.reply("word " * 200)
   assert session.messages == history           # a refused message loses nothing
+
+
+def test_a_task_vocabulary_without_a_newline_chats_in_its_own_text():
+  """A model of a task with its own vocabulary (S5's: no newline, no chat template) takes
+  each turn as typed, joined by the tokenizer's separator, and answers."""
+  tok = S5Tokenizer()
+  cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=2, d_ff=64,
+                    max_seq_len=64, recurrence=T2MLRConfig(l_start=0, l_end=0))
+  session = ChatSession(cfg, init_params(cfg, jax.random.PRNGKey(0)), tok, max_new_tokens=4)
+  first = "ab|cd|<A_21345>"
+  assert session._prompt_ids([{"role": "user", "content": first}]) == tok.encode(first)
+  info = session.reply(first)
+  assert info["tokens"] <= 4 and session.messages[-1]["content"] == info["answer"]
+  following = session._prompt_ids(session.messages + [{"role": "user", "content": "<A_12354>"}])
+  assert following == tok.encode(first + info["answer"] + "<A_12354>")
 
 
 def test_chat_cli_one_shot(tiny_gguf):
