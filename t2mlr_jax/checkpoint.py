@@ -136,13 +136,21 @@ def first_mismatch(records: dict, tree, item: str) -> Optional[str]:
   return None
 
 
+_QUIETED = False
+
+
 def quiet_failed_reads() -> None:
   """After a failed restore, Orbax's other array reads of the same damaged file end as
   coroutines whose exceptions nobody retrieves (Python prints each, a page of TensorStore
   spec, when they are collected) or as TensorStore callbacks into the event loop Orbax has
   closed by then (each reported through sys.unraisablehook with no object, so Python
   prints a bare traceback; how many arrive depends on timing). Silence just those, keeping
-  every other warning."""
+  every other warning. Installed before a read starts (a callback can land before the
+  failure is caught), once per process."""
+  global _QUIETED
+  if _QUIETED:
+    return
+  _QUIETED = True
   previous = sys.unraisablehook
 
   def is_read_noise(value, _runtime_error=RuntimeError, _str=str, _isinstance=isinstance):
@@ -293,6 +301,7 @@ class Checkpointer:
     """(the restored items, None), or (None, what is damaged) where an array cannot be
     read or does not match its checksum."""
     records, what, restored = None, None, None
+    quiet_failed_reads()
     if (self.directory / str(step) / CHECKSUMS).exists():
       try:
         records = self.read_json(step, CHECKSUMS)["arrays"]
@@ -459,6 +468,7 @@ def _load_export(path: str):
   else:
     logging.info("parameter export %s was saved without checksums (by an earlier version): "
                  "restored unverified", path)
+  quiet_failed_reads()
   try:
     with ocp.StandardCheckpointer() as ckptr:
       params = ckptr.restore(root / EXPORT_PARAMS, abstract)
