@@ -301,8 +301,12 @@ class Engine:
       raise ValueError(f"cache_dtype={cache_dtype!r} is invalid: allowed "
                        f"{' or '.join(CACHE_DTYPES)}")
     # on the device once, whatever the loader returned (a GGUF's are numpy arrays): a step
-    # given host arrays would copy every weight to the device at every token
-    params = jax.device_put(params)
+    # given host arrays would copy every weight to the device at every token. Everything
+    # the engine puts there is committed to that device, as Orbax restores a checkpoint's
+    # arrays: a program compiled for uncommitted arguments is compiled again for committed
+    # ones (an export served after warm-up compiled 10 programs before this)
+    self.device = jax.devices()[0]
+    params = jax.device_put(params, self.device)
     self.cfg, self.params = cfg, params
     self.max_batch, self.max_len = max_batch, max_len
     self.cache_dtype = CACHE_DTYPES[cache_dtype]
@@ -353,6 +357,10 @@ class Engine:
 
   # ---------------------------------------------------------------- device state moves
 
+  def _put(self, tree):
+    """Host values on the engine's device, committed (see `__init__`)."""
+    return jax.device_put(tree, self.device)
+
   def _host(self) -> Slots:
     return jax.tree.map(np.asarray, self.slots)
 
@@ -361,11 +369,11 @@ class Engine:
     and the tokens before the index (right-aligned to it): host copies, no compile."""
     new = _empty_slots(self.cfg, batch, cache_len, self.cache_dtype)
     if self.slots is None:
-      self.slots = jax.device_put(new)
+      self.slots = self._put(new)
       self.rows, self.need, self.span = [None] * batch, [0] * batch, [0] * batch
       return
     longest = max([self.span[r] for r in order] + [0])
-    self.slots = jax.device_put(_moved_slots(self._host(), new, order, longest,
+    self.slots = self._put(_moved_slots(self._host(), new, order, longest,
                                              self.cfg.n_kv_heads))
     n = len(order)
     self.rows = [self.rows[r] for r in order] + [None] * (batch - n)
@@ -380,7 +388,7 @@ class Engine:
                    for c in dec.kv)
     dec = dec._replace(kv=caches, valid=np.roll(dec.valid, shift, axis=1),
                        index=np.int32(int(dec.index) + shift))
-    self.slots = jax.device_put(h._replace(decode=dec))
+    self.slots = self._put(h._replace(decode=dec))
 
   def _make_room(self, prompt_len: int, max_tokens: int) -> None:
     """Buckets and a layout in which a new request fits: a free row, a cache as long as
@@ -422,8 +430,8 @@ class Engine:
     cf = np.full((1, P), control_flow, np.int32)
     recurrent = control_flow == CF_RECURRENT and self.cfg.recurrence is not None
     (kv, valid, state, position, logits), scores = _prefill(
-        self.params, self.cfg, jax.device_put(tokens), jax.device_put(np.int32(L)),
-        jax.device_put(cf), recurrent, bool(echo))
+        self.params, self.cfg, self._put(tokens), self._put(np.int32(L)), self._put(cf),
+        recurrent, bool(echo))
     if S > P:
       kv, valid = _widen(kv, valid, S)
     pre = Prefilled(kv, valid, state, position, logits, L, P, S)
@@ -449,7 +457,7 @@ class Engine:
     row = self.rows.index(None)
     self.slots, out = _insert(self.slots, pre.kv, pre.valid, pre.state, pre.position,
                               pre.logits, *_insert_settings(pre.prompt_bucket, row, control_flow,
-                                                            sampling, logprobs))
+                                                            sampling, logprobs, self.device))
     self.rows[row] = owner
     self.span[row] = pre.length
     self.need[row] = pre.length + max_tokens
@@ -463,11 +471,11 @@ class Engine:
       a = np.asarray(a)
       out = np.zeros(a.shape[:1] + (S,) + a.shape[2:], a.dtype)
       out[:, :pre.prompt_bucket] = a[:, :pre.prompt_bucket]
-      return jax.device_put(out)
+      return self._put(out)
     kv = tuple(KV(fit(c.k), fit(c.v)) for c in pre.kv)
     valid = np.zeros(S, bool)
     valid[:pre.prompt_bucket] = np.asarray(pre.valid)[:pre.prompt_bucket]
-    return pre._replace(kv=kv, valid=jax.device_put(valid), cache_len=S)
+    return pre._replace(kv=kv, valid=self._put(valid), cache_len=S)
 
   def step(self, return_logits: bool = False):
     """One token for every occupied row: [(row, owner, TokenOut)] (and the logits
@@ -525,13 +533,13 @@ class Engine:
 
 
 def _insert_settings(prompt_bucket: int, row: int, control_flow: int, sampling: Sampling,
-                     logprobs: bool) -> tuple:
-  """An insert's per-request values, put on the device explicitly (a step transfers
+                     logprobs: bool, device) -> tuple:
+  """An insert's per-request values, put on `device` explicitly (a step transfers
   nothing implicitly: tests run it under `jax.transfer_guard`)."""
   return jax.device_put((np.int32(prompt_bucket), np.int32(row), np.int32(control_flow),
                          np.float32(sampling.temperature), np.int32(sampling.top_k),
                          np.float32(sampling.top_p),
-                         host_key(sampling.seed), np.bool_(logprobs)))
+                         host_key(sampling.seed), np.bool_(logprobs)), device)
 
 
 def host_key(seed: int) -> np.ndarray:
@@ -540,18 +548,21 @@ def host_key(seed: int) -> np.ndarray:
   return np.array([0, seed & 0xFFFFFFFF], np.uint32)
 
 
-def _spec(tree):
-  """The shapes and dtypes of a tree of arrays (what lowering a program needs)."""
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), tree)
+def _spec(tree, device):
+  """The shapes and dtypes of a tree of arrays, committed to `device` as the engine's are
+  (what lowering a program needs)."""
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=sharding),
+                      tree)
 
 
 def _programs(engine: Engine, prompt_buckets: Sequence[int], control_flows, echo):
   """(jitted function, arguments, keyword arguments) of each distinct program the
   engine runs for these prompt buckets: what `Engine.warmup` compiles."""
-  cfg, seen = engine.cfg, set()
-  i32 = jax.ShapeDtypeStruct((), jnp.int32)
+  cfg, seen, device = engine.cfg, set(), engine.device
+  i32 = _spec(np.int32(0), device)
   for P in prompt_buckets:
-    tokens = jax.ShapeDtypeStruct((1, P), jnp.int32)
+    tokens = _spec(np.zeros((1, P), np.int32), device)
     for cf in control_flows:
       for e in echo:
         recurrent = cf == CF_RECURRENT and cfg.recurrence is not None
@@ -564,16 +575,18 @@ def _programs(engine: Engine, prompt_buckets: Sequence[int], control_flows, echo
         yield _widen, (kv, valid, S), {}
   for S in engine.cache_buckets:
     pre = _prefill_spec(engine, S)
-    settings = _spec(_insert_settings(1, 0, CF_RECURRENT, Sampling(), True))
+    settings = _spec(_insert_settings(1, 0, CF_RECURRENT, Sampling(), True, device), device)
     for B in engine.batch_buckets:
-      slots = _spec(_empty_slots(cfg, B, S, engine.cache_dtype))
+      slots = _spec(_empty_slots(cfg, B, S, engine.cache_dtype), device)
       yield _insert, (slots, *pre, *settings), {}
       yield _generate, (engine.params, engine.layers, cfg, slots), {"return_logits": False}
 
 
 def _prefill_spec(engine: Engine, P: int):
-  """Shapes of a prefill's (kv, valid, state, position, logits) of a P-token bucket."""
+  """Shapes of a prefill's (kv, valid, state, position, logits) of a P-token bucket, on the
+  engine's device."""
   tokens = jax.ShapeDtypeStruct((1, P), jnp.int32)
   run = lambda params, tokens_1P, length: _prefill(params, engine.cfg, tokens_1P, length,
                                                    tokens_1P, False, False)
-  return jax.eval_shape(run, engine.params, tokens, jax.ShapeDtypeStruct((), jnp.int32))[0]
+  out = jax.eval_shape(run, engine.params, tokens, jax.ShapeDtypeStruct((), jnp.int32))[0]
+  return _spec(out, engine.device)

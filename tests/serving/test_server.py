@@ -400,9 +400,12 @@ def test_a_mixed_load_compiles_nothing_after_the_default_warmup(model):
   """The default warm-up (every prompt bucket up to max_len), then sixty requests at once
   (queued, admitted as slots free, rows moving as the batch bucket shrinks), prompts of 1..max_len - max_tokens tokens, completions and chat, echo and
   logprobs, the recurrence off, sampled or greedy: nothing compiles after warm-up, and
-  /metrics says so."""
+  /metrics says so. The parameters are committed to the device, as Orbax restores an
+  export's (served so, 10 programs compiled after warm-up before the engine committed
+  everything it puts on the device)."""
   from concurrent.futures import ThreadPoolExecutor
   cfg, params, tok = model
+  params = jax.device_put(params, jax.devices()[0])
   run = Running(serving.Server(cfg, params, tok, name="tiny", max_batch=4, max_len=64,
                                max_queue=64), warmup_lengths=None)
   try:
