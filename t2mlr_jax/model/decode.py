@@ -356,6 +356,8 @@ def stream(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
                      f"{cfg.max_seq_len}")
   rng = jax.random.PRNGKey(0) if rng is None else rng
   keys = jax.random.split(rng, max_new_tokens)
+  # on the device once: numpy parameters would be copied to it at every step
+  params = jax.device_put(params)
   logits, dec = _stream_prefill(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths,
                                 cache_len, prompt_cf, recurrent, prefill,
                                   None if prefill_tol is None else float(prefill_tol))
