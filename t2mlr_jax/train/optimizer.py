@@ -23,7 +23,10 @@ when fine-tuning a pretrained model).
   one leaf: it is in the embeddings group.
 `recurrence_lr_mult` scales the updates of every recurrence leaf (`recurrence_mask`:
 params["recurrence"] and LRT's per-layer `memory`) after its group's optimizer, under
-either optimizer. `OptimizerConfig` is the typed `optimizer` group (fields, defaults,
+either optimizer. `freeze_base_model` (the official T2MLR release's option) trains the
+recurrence leaves alone: every other leaf gets a zero update and no optimizer state
+(`optax.multi_transform` with `set_to_zero`), and the gradient clip's norm is the
+recurrence's. `OptimizerConfig` is the typed `optimizer` group (fields, defaults,
 checks); `make_optimizer` takes it.
 """
 
@@ -55,7 +58,8 @@ class OptimizerConfig:
   """The `optimizer` group, typed and checked on construction (`as_optimizer_config`,
   config.optimizer_config): "adamw" reads lr, b1, b2, eps, weight_decay; "muon" matrix_lr,
   embedding_lr, unembedding_lr, scalar_lr, adam_b1/b2/eps, muon_momentum, weight_decay (the
-  matrices'), dmodel_lr_scale; both warmup/min_lr_frac, grad_clip, recurrence_lr_mult."""
+  matrices'), dmodel_lr_scale; both warmup/min_lr_frac, grad_clip, recurrence_lr_mult,
+  freeze_base_model."""
   name: str = "adamw"               # "adamw" or "muon"
   lr: float = 5e-4                  # adamw: peak learning rate
   b1: float = 0.9
@@ -66,6 +70,7 @@ class OptimizerConfig:
   min_lr_frac: float = 0.01         # cosine decay to lr * min_lr_frac
   grad_clip: float = 1.0            # global-norm clip (0: off)
   recurrence_lr_mult: float = 1.0   # learning-rate multiplier of the recurrence's parameters
+  freeze_base_model: bool = False   # train the recurrence's parameters alone
   matrix_lr: float = 0.02           # muon: hidden matrices
   embedding_lr: float = 0.2         # muon: embeddings (Adam)
   unembedding_lr: float = 0.004     # muon: LM head (Adam)
@@ -220,6 +225,10 @@ def make_optimizer(opt_config: OptimizerConfig, num_steps: int, cfg=None):
   embedding tables apply (None: every registered type's) and the d_model of Muon's
   dmodel_lr_scale."""
   o = as_optimizer_config(opt_config)
+  if o.freeze_base_model and cfg is not None and getattr(cfg, "recurrence", None) is None:
+    raise ValueError("optimizer.freeze_base_model=True is invalid for a model without a "
+                     "recurrence (model.recurrence is None): nothing would train; allowed: "
+                     "False")
   parts = []
   if o.grad_clip:
     parts.append(optax.clip_by_global_norm(o.grad_clip))
@@ -232,4 +241,12 @@ def make_optimizer(opt_config: OptimizerConfig, num_steps: int, cfg=None):
                              weight_decay=o.weight_decay, mask=lambda p: decay_mask(p, cfg)))
   if o.recurrence_lr_mult != 1.0:
     parts.append(optax.masked(optax.scale(o.recurrence_lr_mult), recurrence_mask))
-  return optax.chain(*parts), schedule
+  tx = optax.chain(*parts)
+  if o.freeze_base_model:
+    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, _frozen_labels)
+  return tx, schedule
+
+
+def _frozen_labels(params):
+  """'train' on the recurrence's leaves, 'frozen' on the base model's."""
+  return jax.tree.map(lambda r: "train" if r else "frozen", recurrence_mask(params))

@@ -226,3 +226,34 @@ def test_bad_optimizer_name_or_group_option_is_a_clear_error():
     c.optimizer[field] = value
     with pytest.raises(ValueError, match=f"optimizer.{field}={value!r} is invalid: allowed {allowed}"):
       validate(c)
+
+
+def test_freeze_base_model_updates_and_keeps_state_for_the_recurrence_alone():
+  """optimizer.freeze_base_model (the release's option): every base leaf gets a zero update
+  and no optimizer state (AdamW's and Muon's moments cover the recurrence's leaves only);
+  the recurrence's updates equal an unfrozen optimizer's over the recurrence alone (the
+  clip's norm is theirs)."""
+  cfg = tiny_cfg()
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.3), params)
+  rec_size = sum(x.size for x in jax.tree.leaves(params["recurrence"]))
+  for name in ("adamw", "muon"):
+    tx, _ = make_optimizer(_opt(name=name, warmup_frac=0.0, freeze_base_model=True), 10, cfg)
+    state = tx.init(params)
+    upd, _ = tx.update(grads, state, params)
+    for path, u in jax.tree_util.tree_flatten_with_path(upd)[0]:
+      moved = float(jnp.abs(u).max()) > 0
+      assert moved == (jax.tree_util.keystr(path).startswith("['recurrence']")), (name, path)
+    alone, _ = make_optimizer(_opt(name=name, warmup_frac=0.0), 10, cfg)
+    alone_state = alone.init(params["recurrence"])
+    # the frozen optimizer's moments are those of the recurrence alone (step counts aside)
+    moments = lambda s: sum(np.size(x) for x in jax.tree.leaves(s) if np.size(x) > 1)
+    assert moments(state) == moments(alone_state) >= rec_size, name
+    rec_upd, _ = alone.update(grads["recurrence"], alone_state, params["recurrence"])
+    for a, b in zip(jax.tree.leaves(upd["recurrence"]), jax.tree.leaves(rec_upd)):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_freeze_base_model_without_a_recurrence_is_refused():
+  with pytest.raises(ValueError, match=r"optimizer.freeze_base_model=True .*model.recurrence"):
+    make_optimizer(_opt(freeze_base_model=True), 10, tiny_cfg(recurrence=None))
