@@ -118,6 +118,8 @@ class Registry(Generic[T]):
 RECURRENCE_FUNCTIONS = ("init_params", "zero_state", "read", "enter", "memory", "carry",
                         "stats", "layer_stats", "scalars", "value_embed_rows")
 RECURRENCE_OPTIONAL = ("layer_module", "plain_state", "refresh_kv")
+# hooks added later: a module without one declines it (files written before keep working)
+RECURRENCE_DEFAULTED = ("span_exit",)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -154,6 +156,8 @@ class RecurrenceType:
   layer_module: Any = None     # a Linen module adding per-layer parameters, or None
   plain_state: Optional[Callable] = None   # Jacobi's sweep-0 hook, or None
   refresh_kv: Optional[Callable] = None    # the refinement passes' K/V refresh, or None
+  span_exit: Optional[Callable] = None     # (params, cfg, o, state, cf) -> the span's
+                                           # output as the layers above read it, or None
   no_decay: tuple = ()         # leaf names weight decay leaves alone
   partition_rules: tuple = ()  # (path regex, logical axes) rows of its parameters
   embedding_leaves: tuple = ()  # (parent, leaf) tables Muon trains as embeddings
@@ -179,6 +183,7 @@ class RecurrenceType:
                        f"define each of {RECURRENCE_FUNCTIONS} and set "
                        f"{RECURRENCE_OPTIONAL} (None declines)")
     fns = {f: getattr(module, f) for f in RECURRENCE_FUNCTIONS + RECURRENCE_OPTIONAL}
+    fns.update({f: getattr(module, f, None) for f in RECURRENCE_DEFAULTED})
     return cls(name=name, config=config, source=module.__name__, **fns, **declarations)
 
 

@@ -37,6 +37,7 @@ from t2mlr_jax.model.sequence import (
   side_inputs,
   stacked,
 )
+from t2mlr_jax.model.span import exit_span
 from t2mlr_jax.model.transformer import LayerCtx, embed, value_embed_inputs
 
 BUILTIN_MODES = ("parallel", "exact")      # every other mode is a registered schedule
@@ -143,6 +144,7 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
           KV(write(c.k, n.k), write(c.v, n.v)) for c, n in zip(caches, kv_pre_t))
 
     o, caches = jax.lax.cond(skip, take, run, caches)
+    o = exit_span(params, cfg, o, prev_B1D, cf_B1)
     state_BD = rtype.carry(params, cfg, o, prev_B1D, cf_B1)[:, 0]
     return (state_BD, caches), (o[:, 0], stats, None if mem is None else mem[:, 0])
 

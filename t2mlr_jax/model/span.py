@@ -1,6 +1,7 @@
 """The two operations every schedule of every recurrence type is built from: run the
 recurrent span over all positions given the states they read (`run_span`: the type's
-`enter` at its first layer, the layers with the type's `memory`, `carry` at its last), and
+`enter` at its first layer, the layers with the type's `memory`, its `span_exit` and
+`carry` at its last), and
 give each position the state the position before it left (`previous_states`: shifted by
 one, through the type's `read`, so it resets where a sequence or packed document starts).
 
@@ -43,7 +44,15 @@ def run_span(params, cfg: ModelConfig, span, h_BTD, prev_BTD, ctx: LayerCtx, cf_
     ctx = ctx._replace(side=ctx.side._replace(memory=mem))
   first, layers = span
   o, kv = run_layers(layers, cfg, x, ctx, first, kvs, index, kv_source=kv_source)
+  o = exit_span(params, cfg, o, prev_BTD, cf_BT)
   return SpanOut(o, rtype.carry(params, cfg, o, prev_BTD, cf_BT), stats, kv, ctx)
+
+
+def exit_span(params, cfg: ModelConfig, o_BTD, prev_BTD, cf_BT):
+  """The span's last output as the layers above and `carry` read it: the type's
+  `span_exit` (T2MLR's skip to l_end), o itself when the type declines it."""
+  hook = recurrence.of(cfg).span_exit
+  return o_BTD if hook is None else hook(params, cfg, o_BTD, prev_BTD, cf_BT)
 
 
 def previous_states(cfg: ModelConfig, states_BTD, positions_BT):

@@ -4,12 +4,14 @@ hand."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from t2mlr_jax import T2MLRConfig, init_params
+import t2mlr_jax
+from t2mlr_jax import T2MLRConfig, forward, generate, init_params
 from t2mlr_jax.model.recurrence import t2mlr as rec
 from t2mlr_jax.model.span import previous_states
 
-from _util import tiny_cfg
+from _util import active_params, max_abs, random_tokens, tiny_cfg
 
 
 def test_initialisation():
@@ -59,3 +61,93 @@ def test_shift_resets_at_segment_starts():
   pos = jnp.array([[0, 1, 2, 0, 1, 2]])
   np.testing.assert_array_equal(previous_states(tiny_cfg(), Z, pos)[0, :, 0],
                                 [0, 1, 2, 0, 4, 5])
+
+
+def test_connection_detach_cuts_the_gradient_through_time_alone():
+  """`connection_detach` (the release's option) reads the state as a constant: the forward
+  is unchanged; the gradient is the same in exact mode and under Jacobi at its fixed point
+  with D_b > 1 (no gradient crosses a state), and differs
+  from both the full one (exact mode's) and the truncated one of Jacobi with D_b = 1,
+  which still crosses one state."""
+  base = T2MLRConfig(l_start=1, l_end=2, residual_detach=False)
+  cfg = tiny_cfg(recurrence=base)
+  cut = tiny_cfg(recurrence=base.replace(connection_detach=True))
+  params = active_params(cfg)
+  tokens = jnp.asarray(random_tokens(cfg, 2, 8))
+  assert max_abs(forward(params, cfg, tokens, mode="exact"),
+                 forward(params, cut, tokens, mode="exact")) == 0.0
+
+  def grad(c, mode, **kw):
+    return jax.grad(lambda p: t2mlr_jax.loss(p, c, tokens, mode=mode, **kw))(params)
+
+  def gap(a, b):
+    return max(float(jnp.max(jnp.abs(x - y)) / (jnp.max(jnp.abs(x)) + 1e-6))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  detached = grad(cut, "exact")
+  assert gap(detached, grad(cut, "jacobi", d_forward=8, d_backward=4)) <= 1e-5
+  assert gap(detached, grad(cfg, "exact")) > 0.1
+  assert gap(detached, grad(cfg, "jacobi", d_forward=8, d_backward=1)) > 0.1
+
+
+def test_skip_to_l_end_and_residual_weight_by_hand():
+  """The release's recurrent_skip_to_l_end (weight, detach, post-norm with eps and clamp)
+  and its residual weight, against their formulas written out: the skip adds
+  w·R_t · sg(clip(1/√(mean((w·R_t)²) + eps), 1/c, c)) to l_end's output at recurrent
+  positions only; the state of a recurrent position is clipped_rms(o + w·R_t)."""
+  rng = np.random.default_rng(0)
+  D = 32
+  o, prev = (jnp.asarray(3.0 * rng.normal(size=(2, 5, D)), jnp.float32) for _ in range(2))
+  cf = jnp.asarray([[2, 2, 1, 2, 0], [1, 2, 2, 2, 2]], jnp.int32)
+  rcfg = T2MLRConfig(l_start=1, l_end=2, residual=False, skip_to_l_end=True, skip_weight=0.7,
+                     skip_post_norm=True, skip_post_norm_eps=1e-3, skip_post_norm_clamp=2.0)
+  cfg = tiny_cfg(recurrence=rcfg)
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  y = 0.7 * prev
+  scale = jnp.clip(1 / jnp.sqrt(jnp.mean(y * y, -1, keepdims=True) + 1e-3), 0.5, 2.0)
+  want = o + jnp.where((cf == 2)[..., None], y * scale, 0.0)
+  np.testing.assert_allclose(rec.span_exit(params, cfg, o, prev, cf), want, rtol=1e-6)
+  # the state is l_end's output with the skip (no residual), raw at cf 1, zero at padding
+  out = rec.span_exit(params, cfg, o, prev, cf)
+  state = rec.carry(params, cfg, out, prev, cf)
+  np.testing.assert_allclose(state, jnp.where((cf == 0)[..., None], 0.0, out), rtol=1e-6)
+  # gradient into R_t through the skip: w·scale at recurrent positions, none with skip_detach
+  g = jax.grad(lambda p, c: jnp.sum(rec.span_exit(params, c, o, p, cf)))
+  np.testing.assert_allclose(g(prev, cfg), jnp.where((cf == 2)[..., None],
+                                                     0.7 * scale * jnp.ones_like(prev), 0.0),
+                             rtol=1e-6)
+  detached = tiny_cfg(recurrence=rcfg.replace(skip_detach=True))
+  assert float(jnp.max(jnp.abs(g(prev, detached)))) == 0.0
+  # off: o as it is
+  plain = tiny_cfg(recurrence=T2MLRConfig(l_start=1, l_end=2))
+  assert rec.span_exit(params, plain, o, prev, cf) is o
+  # residual weight: z = clipped_rms(o + w·R_t) at recurrent positions
+  weighted = tiny_cfg(recurrence=T2MLRConfig(l_start=1, l_end=2, residual_weight=0.3))
+  z = o + 0.3 * prev
+  z = z * jnp.clip(1 / jnp.sqrt(jnp.mean(z * z, -1, keepdims=True) + 1e-6), 0.2, 5.0)
+  want = jnp.where((cf == 2)[..., None], z, jnp.where((cf == 1)[..., None], o, 0.0))
+  np.testing.assert_allclose(rec.carry(params, weighted, o, prev, cf), want, rtol=1e-5,
+                             atol=1e-6)
+  with pytest.raises(ValueError, match="skip_to_l_end=True needs recurrence.residual=False"):
+    T2MLRConfig(skip_to_l_end=True)
+  with pytest.raises(ValueError, match="skip_post_norm_clamp"):
+    T2MLRConfig(residual=False, skip_to_l_end=True, skip_post_norm_clamp=0.5)
+
+
+@pytest.mark.parametrize("options", [
+    dict(residual=False, skip_to_l_end=True, skip_weight=0.5, skip_post_norm=True),
+    dict(residual_weight=0.5)])
+def test_release_state_options_hold_in_every_mode_and_in_decode(options):
+  """With the skip to l_end or a residual weight, Jacobi at D_f = T equals exact mode,
+  KV-cached decoding's logits equal exact mode's teacher-forced ones, and the option
+  changes what the model computes."""
+  cfg = tiny_cfg(recurrence=T2MLRConfig(l_start=1, l_end=2, **options))
+  params = active_params(cfg)
+  tokens = random_tokens(cfg, 2, 10)
+  exact = forward(params, cfg, tokens, mode="exact")
+  assert max_abs(exact, forward(params, cfg, tokens, mode="jacobi", d_forward=10,
+                                d_backward=2)) <= 1e-5
+  assert max_abs(exact, forward(params, tiny_cfg(), tokens, mode="exact")) > 1e-3
+  new, logits = generate(params, cfg, tokens[:, :4], max_new_tokens=6, return_logits=True)
+  seq = np.concatenate([tokens[:, :4], np.asarray(new)], axis=1)
+  teacher = forward(params, cfg, seq, mode="exact")[:, 3:-1]
+  assert max_abs(logits, teacher) <= 1e-4

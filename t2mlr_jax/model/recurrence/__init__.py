@@ -35,6 +35,10 @@ Hooks a schedule uses where a type needs something of its own (None: declined):
     refresh_kv(params, cfg, rope, buf, extras, old, memory, unvisited)
                                       refinement passes' K/V refresh (LRT); declined:
                                       `kv_refresh` is refused for the type
+    span_exit(params, cfg, o, state, cf)
+                                      the span's last output as the layers above and
+                                      `carry` read it (T2MLR's skip to l_end); declined
+                                      (or left undefined): o as it is
 
 The span is `cfg.span` (T2MLR: l_start..l_end; LRT: 0..source layer): the
 layers that exact mode and decoding run token by token. Layers below it never see the

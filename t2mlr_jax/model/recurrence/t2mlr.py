@@ -49,6 +49,7 @@ class T2MLRConfig(RecurrenceConfig):
   l_end: int = -2              # last layer of the span (inclusive; negative from the end)
   residual: bool = True        # state z = o_t + R_t at recurrent positions
   residual_detach: bool = True  # R_t under stop_gradient in that residual
+  residual_weight: float = 1.0  # z = o_t + w·R_t (the release's _residual_to_recurrent_cache_weight)
   cache_norm: str = "clipped_rms"   # "clipped_rms", "rmsnorm" or "none"
   cache_norm_eps: float = 1e-6
   cache_norm_clip: float = 5.0      # clipped_rms: clip of the normalised state
@@ -56,6 +57,16 @@ class T2MLRConfig(RecurrenceConfig):
   gate_gain: float = 1.0       # Xavier-normal gain of f_rec/f_cur (1e-2 for retrofit)
   mixer: str = "gated"         # the fusion Φ: a registered mixer (model/mixers.py)
   mixer_options: tuple = ()    # its options: (name, value) pairs or "name=value" strings
+  connection_detach: bool = False  # the state read under stop_gradient (the release's
+                                   # option: no gradient through the recurrent connection)
+  # the release's recurrent_skip_to_l_end: l_end's output plus w·R_t at recurrent positions
+  # (R_t as l_start read it), which the layers above and the state read; residual off
+  skip_to_l_end: bool = False
+  skip_weight: float = 1.0
+  skip_detach: bool = False         # R_t under stop_gradient in the skip
+  skip_post_norm: bool = False      # the skip RMS-scaled (clipped, stop-gradient scale)
+  skip_post_norm_eps: float = 1e-6
+  skip_post_norm_clamp: float = 5.0
 
   def __post_init__(self):
     if self.cache_norm not in CACHE_NORMS:
@@ -68,6 +79,14 @@ class T2MLRConfig(RecurrenceConfig):
       invalid("cache_norm_eps", self.cache_norm_eps, "> 0")
     if not self.gate_gain > 0:
       invalid("gate_gain", self.gate_gain, "> 0")
+    if not self.skip_post_norm_clamp >= 1.0:
+      invalid("skip_post_norm_clamp", self.skip_post_norm_clamp, ">= 1")
+    if not self.skip_post_norm_eps > 0:
+      invalid("skip_post_norm_eps", self.skip_post_norm_eps, "> 0")
+    if self.skip_to_l_end and self.residual:
+      raise ValueError("recurrence.skip_to_l_end=True needs recurrence.residual=False: the "
+                       "state is l_end's output with the skip added, not a residual of it "
+                       "(the release applies one or the other)")
     MIXERS.get(self.mixer, "recurrence.mixer")
     object.__setattr__(self, "mixer_options",
                        mixers.canonical_options(self.mixer, self.mixer_options))
@@ -124,7 +143,9 @@ refresh_kv = None        # its memory never enters keys or values
 
 def read(cfg: ModelConfig, state_BTD, positions_BT, slots_BT=None):
   """The state a position reads: zero where the position id is 0 (a sequence or packed
-  document starts)."""
+  document starts); a constant to the gradient with `connection_detach`."""
+  if cfg.recurrence.connection_detach:
+    state_BTD = jax.lax.stop_gradient(state_BTD)
   return jnp.where((positions_BT == 0)[..., None], 0.0, state_BTD)
 
 
@@ -148,23 +169,42 @@ def enter(params, cfg: ModelConfig, h_BTD, prev_BTD, cf_BT):
 def _cache_norm(params, rcfg: T2MLRConfig, z):
   if rcfg.cache_norm == "none":
     return z
-  ms = jnp.mean(z * z, axis=-1, keepdims=True) + rcfg.cache_norm_eps
   if rcfg.cache_norm == "rmsnorm":
+    ms = jnp.mean(z * z, axis=-1, keepdims=True) + rcfg.cache_norm_eps
     return z * jax.lax.rsqrt(ms) * params["cache_norm"]["scale"]
-  clip = rcfg.cache_norm_clip
-  scale = jnp.clip(jax.lax.rsqrt(ms), 1.0 / clip, clip)
-  return z * jax.lax.stop_gradient(scale)
+  return _clipped_rms(z, rcfg.cache_norm_eps, rcfg.cache_norm_clip)
+
+
+def _clipped_rms(z, eps: float, clip: float):
+  """z · sg(clip(1/√(mean(z²) + eps), 1/clip, clip)): the release's post-norm."""
+  ms = jnp.mean(z * z, axis=-1, keepdims=True) + eps
+  return z * jax.lax.stop_gradient(jnp.clip(jax.lax.rsqrt(ms), 1.0 / clip, clip))
+
+
+def span_exit(params, cfg: ModelConfig, o_BTD, prev_BTD, cf_BT):
+  """l_end's output as the layers above and `carry` read it: with `skip_to_l_end`, plus
+  w·R_t at recurrent positions (R_t the state the position read; `skip_detach`,
+  `skip_post_norm` as the release's)."""
+  rcfg = cfg.recurrence
+  if not rcfg.skip_to_l_end:
+    return o_BTD
+  skip = jax.lax.stop_gradient(prev_BTD) if rcfg.skip_detach else prev_BTD
+  skip = rcfg.skip_weight * skip.astype(jnp.float32)
+  if rcfg.skip_post_norm:
+    skip = _clipped_rms(skip, rcfg.skip_post_norm_eps, rcfg.skip_post_norm_clamp)
+  on = (cf_BT == CF_RECURRENT)[..., None]
+  return o_BTD + jnp.where(on, skip, 0.0).astype(o_BTD.dtype)
 
 
 def carry(params, cfg: ModelConfig, o_BTD, prev_BTD, cf_BT):
   """The state each position leaves for the next one, from l_end's output o and the state
-  R_t = prev it read. cf 2: residual + norm of (o_t, R_t) (raw o_t when residual is off);
+  R_t = prev it read. cf 2: norm of o_t + w·R_t (raw o_t when residual is off);
   cf 1: raw o_t; cf 0 (padding): zeros."""
   rcfg = cfg.recurrence
   o = o_BTD.astype(jnp.float32)
   if rcfg.residual:
     prev = jax.lax.stop_gradient(prev_BTD) if rcfg.residual_detach else prev_BTD
-    z = _cache_norm(params["recurrence"], rcfg, o + prev)
+    z = _cache_norm(params["recurrence"], rcfg, o + rcfg.residual_weight * prev)
   else:
     z = o
   cf = cf_BT[..., None]
