@@ -33,7 +33,7 @@ def main(argv=None):
                                       "cache, so a restart loads its programs (default: "
                                       "$XDG_CACHE_HOME or ~/.cache, /t2mlr_jax/jax_compile; "
                                       "empty: off)")
-  max_queue = flags.DEFINE_integer("max_queue", 64, "requests waiting beyond the slots; more "
+  max_queue = flags.DEFINE_integer("max_queue", 1024, "requests waiting beyond the slots; more "
                                    "are answered 429")
   api_key = flags.DEFINE_string("api_key", None, "require Authorization: Bearer KEY")
   name = flags.DEFINE_string("name", None, "the model's name in the API (default: the path's "

@@ -51,7 +51,7 @@ class Server:
   """The model, its tokenizer and engine, and what the routes need to answer."""
 
   def __init__(self, cfg, params, tokenizer, *, name: str, max_batch: int = 8,
-               max_len: Optional[int] = None, max_queue: int = 64,
+               max_len: Optional[int] = None, max_queue: int = 1024,
                api_key: Optional[str] = None, completion_control_flow: int = CF_RECURRENT,
                chat_control_flow: int = CF_PLAIN, add_bos: bool = False,
                cache_dtype: Optional[str] = None):
@@ -167,7 +167,7 @@ def use_compile_cache(path: Optional[str]) -> Optional[str]:
 
 def serve_model(model: str, *, step: Optional[int] = None, tokenizer: Optional[str] = None,
                 dtype: str = "float32", host: str = "127.0.0.1", port: int = 8000,
-                max_batch: int = 8, max_len: Optional[int] = None, max_queue: int = 64,
+                max_batch: int = 8, max_len: Optional[int] = None, max_queue: int = 1024,
                 api_key: Optional[str] = None, name: Optional[str] = None,
                 prompt_control_flow: Optional[int] = None,
                 warmup_lengths: Optional[tuple[int, ...]] = None,
