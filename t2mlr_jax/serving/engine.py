@@ -300,11 +300,8 @@ class Engine:
     if cache_dtype not in CACHE_DTYPES:
       raise ValueError(f"cache_dtype={cache_dtype!r} is invalid: allowed "
                        f"{' or '.join(CACHE_DTYPES)}")
-    # on the device once, whatever the loader returned (a GGUF's are numpy arrays): a step
-    # given host arrays would copy every weight to the device at every token. Everything
-    # the engine puts there is committed to that device, as Orbax restores a checkpoint's
-    # arrays: a program compiled for uncommitted arguments is compiled again for committed
-    # ones (an export served after warm-up compiled 10 programs before this)
+    # on the device once (numpy weights would be copied at every step), committed as
+    # Orbax's are: JAX compiles again for committed arguments (docs/serving.md)
     self.device = jax.devices()[0]
     params = jax.device_put(params, self.device)
     self.cfg, self.params = cfg, params
