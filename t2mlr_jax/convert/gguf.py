@@ -51,11 +51,24 @@ PRE_TOKENIZERS = {"default": (False, _GPT2), "gpt2": (False, _GPT2),
 CONTROL = 3                           # tokenizer.ggml.token_type of special tokens
 
 
+class _Reader(gguf.GGUFReader):
+  """gguf's reader over a plain ndarray view of its memory map (the same bytes, no copy):
+  its ~250k small slices of an `np.memmap`, a subclass, took 4.7 of SmolLM2's 8.6 s load."""
+
+  @property
+  def data(self):
+    return self._data
+
+  @data.setter
+  def data(self, value):
+    self._data = value.view(np.ndarray)
+
+
 def _open(path: str):
   if not os.path.isfile(path):
     raise ValueError(f"GGUF file {path!r} does not exist")
   try:
-    return gguf.GGUFReader(path, "r")
+    return _Reader(path, "r")
   except Exception as e:       # the reader raises several types on a damaged file
     raise ValueError(f"{path!r} is not a readable GGUF file (truncated or corrupt?): "
                      f"{type(e).__name__}: {e}") from e
