@@ -52,9 +52,10 @@ class DecodeState(NamedTuple):
 
 def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
             recurrent_prompt: bool = True, mode: str = "exact", tol=None,
-            last_only: bool = True):
+            last_only: bool = True, hidden: bool = False):
   """Run the prompt; returns (last-position logits [B,V], DecodeState); with
-  last_only=False every position's logits [B,T,V] (a prompt's own log-probabilities).
+  last_only=False every position's logits [B,T,V] (a prompt's own log-probabilities);
+  with `hidden` (mode "exact") the last layer's output [B,T,D] instead, before the head.
 
   mode "exact": token by token through the recurrent span (the default);
   "jacobi" (any recurrence type): parallel Jacobi sweeps until max|Δstate| < tol, capped
@@ -67,6 +68,10 @@ def prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, cache_len: int,
                                                           tol=tol)
   else:
     run = parallel
+  if hidden:
+    if mode != "exact":
+      raise ValueError(f"hidden=True needs mode='exact' (got {mode!r})")
+    run, last_only = functools.partial(run, hidden=True), False
   logits, _, kvs, state_BD = run(params, cfg, tokens_BT, inp, last_only=last_only)
   if state_BD is None:
     state_BD = recurrence.zero_state(cfg, B)

@@ -10,10 +10,12 @@ each row's tokens are contiguous in its cache and slot distance is position dist
 cache's end the rows roll left by the room before the oldest row; when a prompt needs
 more room before the index they roll right. Batch sizes and cache lengths come in
 buckets: the state moves to a bigger bucket when a request needs it and back once rows
-leave, between steps, by host copies that compile nothing. What compiles is one
-generate step and one insert per (batch, cache) bucket and one prefill per (prompt
-bucket, prompt control flow, echo) in use, a prompt's cache widened to each cache bucket
-by one small program per (prompt bucket, cache bucket): `warmup` compiles them all ahead.
+leave, between steps, by host copies that compile nothing. What compiles is one model
+decode step and one insert per (batch, cache) bucket, one token choice per batch bucket
+and one first-token draw (sampling compiles once per batch, not per bucket pair), one
+prefill per (prompt bucket, prompt control flow) in use and, for echo, one scoring of its
+last-layer output per prompt bucket, a prompt's cache widened to each cache bucket by one
+small program per (prompt bucket, cache bucket): `warmup` compiles them all ahead.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ from t2mlr_jax.model.control_flow import CF_PAD, CF_PLAIN, CF_RECURRENT
 from t2mlr_jax.model.decode import DecodeState, decode_step, prefill
 from t2mlr_jax.model.layers import KV
 from t2mlr_jax.model.sequence import SeqInputs
-from t2mlr_jax.model.transformer import split_layers
+from t2mlr_jax.model.transformer import head, split_layers
 from t2mlr_jax.registry import family_of
 
 MIN_PROMPT_BUCKET = 16
-MIN_CACHE_BUCKET = 128
+MIN_CACHE_BUCKET = 256     # a 128-slot bucket cost 8 programs at start; ~1 ms a step at batch 1
 SERVING_MAX_LEN = 2048    # the default max_len: min(the model's context, this); docs/serving.md
 CACHE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 TOP_LOGPROBS = 5          # top alternatives kept per token (OpenAI's completions cap)
@@ -163,24 +165,30 @@ def _draw_keys(slots: Slots):
   return jax.vmap(jax.random.fold_in)(slots.key, slots.step)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "recurrent", "echo"))
-def _prefill(params, cfg, tokens_1P, length, cf_1P, recurrent: bool, echo: bool):
-  """A left-padded prompt (its last `length` tokens real), its cache P slots long; with
-  echo also each real token's log-probability and the top alternatives."""
+@functools.partial(jax.jit, static_argnames=("cfg", "recurrent"))
+def _prefill(params, cfg, tokens_1P, length, cf_1P, recurrent: bool):
+  """A left-padded prompt (its last `length` tokens real), its cache P slots long, and
+  the last layer's output at every position (what `_score` needs for echo)."""
   P = tokens_1P.shape[1]
   t = jnp.arange(P)[None]
   pad = P - length
   real = t >= pad
   inp = SeqInputs(jnp.where(real, cf_1P, CF_PAD).astype(jnp.int32),
                   jnp.maximum(t - pad, 0).astype(jnp.int32), real.astype(jnp.int32))
-  logits, dec = prefill(params, cfg, tokens_1P, inp, P, recurrent_prompt=recurrent,
-                        last_only=not echo)
+  y_1PD, dec = prefill(params, cfg, tokens_1P, inp, P, recurrent_prompt=recurrent,
+                       hidden=True)
   kv = tuple(KV(c.k, c.v) for c in dec.kv)
-  last = logits[:, -1] if echo else logits
-  scores = None
-  if echo:                      # position t predicts token t + 1
-    scores = _logprobs(logits[0, :-1], tokens_1P[0, 1:])
-  return (kv, dec.valid[0], dec.state[0], dec.positions[0], last[0]), scores
+  last = head(params, cfg, y_1PD[:, -1:])[0, 0]
+  return (kv, dec.valid[0], dec.state[0], dec.positions[0], last), y_1PD[0]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _score(params, cfg, y_PD, tokens_1P):
+  """Echo: each prompt token's log-probability and top alternatives (position t predicts
+  token t + 1), from the prefill's last-layer output: one small program per prompt
+  bucket, not a second prefill."""
+  logits = head(params, cfg, y_PD[None])[0]
+  return _logprobs(logits[:-1], tokens_1P[0, 1:])
 
 
 @functools.partial(jax.jit, static_argnames=("cache_len",))
@@ -191,11 +199,21 @@ def _widen(kv, valid_P, cache_len: int):
   return tuple(KV(pad(c.k), pad(c.v)) for c in kv), pad(valid_P[None])[0]
 
 
+@jax.jit
+def _first_token(logits_V, temperature, top_k, top_p, key):
+  """A prefilled prompt's first token and its log-probabilities, drawn with the request's
+  settings: one program for every bucket (sampling compiles once, not per bucket)."""
+  first = sample_rows(logits_V[None], jax.random.fold_in(key, 0)[None], temperature[None],
+                      top_k[None], top_p[None])
+  out = _logprobs(logits_V[None], first)
+  return tuple(x[0] for x in (first, *out))
+
+
 @functools.partial(jax.jit, donate_argnames=("slots",))
-def _insert(slots: Slots, kv, valid_S, state_D, position, logits_V, prompt_bucket, row, cf,
-            temperature, top_k, top_p, key, logprobs):
+def _insert(slots: Slots, kv, valid_S, state_D, position, prompt_bucket, row, cf,
+            temperature, top_k, top_p, key, logprobs, first):
   """Place a prefilled prompt in row `row` so that it ends at the shared index (its left
-  padding, invalid, may wrap round to the row's end); draw its first token."""
+  padding, invalid, may wrap round to the row's end), its first token `first` drawn."""
   dec = slots.decode
   shift = dec.index - prompt_bucket
   N = kv[0].k.shape[0]
@@ -207,26 +225,26 @@ def _insert(slots: Slots, kv, valid_S, state_D, position, logits_V, prompt_bucke
   valid = dec.valid.at[row].set(jnp.roll(valid_S, shift))
   dec = DecodeState(caches, dec.state.at[row].set(state_D.astype(dec.state.dtype)), valid,
                     dec.index, dec.positions.at[row].set(position))
-  slots = Slots(dec, slots.token, slots.cf.at[row].set(cf),
-                slots.temperature.at[row].set(temperature), slots.top_k.at[row].set(top_k),
-                slots.top_p.at[row].set(top_p), slots.key.at[row].set(key),
-                slots.step.at[row].set(0), slots.logprobs.at[row].set(logprobs))
-  first = sample_rows(logits_V[None], jax.random.fold_in(key, 0)[None], temperature[None],
-                      top_k[None], top_p[None])
-  out = _logprobs(logits_V[None], first)
-  slots = slots._replace(token=slots.token.at[row].set(first[0]), step=slots.step.at[row].set(1))
-  return slots, (first[0], *(x[0] for x in out))
+  return Slots(dec, slots.token.at[row].set(first), slots.cf.at[row].set(cf),
+               slots.temperature.at[row].set(temperature), slots.top_k.at[row].set(top_k),
+               slots.top_p.at[row].set(top_p), slots.key.at[row].set(key),
+               slots.step.at[row].set(1), slots.logprobs.at[row].set(logprobs))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "return_logits"), donate_argnames=("slots",))
-def _generate(params, layers, cfg, slots: Slots, return_logits: bool = False):
-  """One decode step for every row: feed each row's last token, draw the next."""
-  logits, dec = decode_step(params, cfg, slots.decode, slots.token, layers,
-                            control_flow_B=slots.cf)
-  token = sample_rows(logits, _draw_keys(slots), slots.temperature, slots.top_k, slots.top_p)
-  out = (token, *_logprobs_if_wanted(logits, token, slots.logprobs))
-  slots = slots._replace(decode=dec, token=token, step=slots.step + 1)
-  return slots, out, (logits if return_logits else None)
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("decode",))
+def _advance(params, layers, cfg, decode: DecodeState, token_B, cf_B):
+  """The model's decode step for every row: (logits [B, V] in fp32, the next decode state)."""
+  logits, decode = decode_step(params, cfg, decode, token_B, layers, control_flow_B=cf_B)
+  return logits.astype(jnp.float32), decode
+
+
+@functools.partial(jax.jit, donate_argnames=("rows",))
+def _choose(rows: Slots, logits_BV):
+  """Each row's next token from its logits (`rows` without its decode state: one program
+  per batch bucket, whatever the cache length)."""
+  token = sample_rows(logits_BV, _draw_keys(rows), rows.temperature, rows.top_k, rows.top_p)
+  out = (token, *_logprobs_if_wanted(logits_BV, token, rows.logprobs))
+  return rows._replace(token=token, step=rows.step + 1), out
 
 
 _split_layers = jax.jit(split_layers)
@@ -426,14 +444,15 @@ class Engine:
     tokens[0, P - L:] = prompt
     cf = np.full((1, P), control_flow, np.int32)
     recurrent = control_flow == CF_RECURRENT and self.cfg.recurrence is not None
-    (kv, valid, state, position, logits), scores = _prefill(
-        self.params, self.cfg, self._put(tokens), self._put(np.int32(L)), self._put(cf),
-        recurrent, bool(echo))
+    tokens = self._put(tokens)
+    (kv, valid, state, position, logits), y = _prefill(
+        self.params, self.cfg, tokens, self._put(np.int32(L)), self._put(cf), recurrent)
     if S > P:
       kv, valid = _widen(kv, valid, S)
     pre = Prefilled(kv, valid, state, position, logits, L, P, S)
-    if scores is not None:
-      lp, ids, top = (np.asarray(x) for x in scores)
+    scores = None
+    if echo:
+      lp, ids, top = (np.asarray(x) for x in _score(self.params, self.cfg, y, tokens))
       scores = PromptScores(lp[P - L:], ids[P - L:], top[P - L:])
     return pre, scores
 
@@ -450,29 +469,17 @@ class Engine:
                          "release (the server queues requests)")
     self._make_room(pre.length, max_tokens)
     if pre.cache_len != self.cache_len:          # the bucket moved since its prefill
-      pre = self._recache(pre)
+      pre = _recached(pre, self.cache_len, self._put)
     row = self.rows.index(None)
-    self.slots, out = _insert(self.slots, pre.kv, pre.valid, pre.state, pre.position,
-                              pre.logits, *_insert_settings(pre.prompt_bucket, row, control_flow,
-                                                            sampling, logprobs, self.device))
+    settings = _insert_settings(pre.prompt_bucket, row, control_flow, sampling, logprobs,
+                                self.device)
+    out = _first_token(pre.logits, *settings[3:7])
+    self.slots = _insert(self.slots, pre.kv, pre.valid, pre.state, pre.position, *settings,
+                         out[0])
     self.rows[row] = owner
     self.span[row] = pre.length
     self.need[row] = pre.length + max_tokens
-    return row, self._token_out(out)
-
-  def _recache(self, pre: Prefilled) -> Prefilled:
-    """A prefill at another cache length: its slots [0, P) copied (host)."""
-    S = self.cache_len
-
-    def fit(a):
-      a = np.asarray(a)
-      out = np.zeros(a.shape[:1] + (S,) + a.shape[2:], a.dtype)
-      out[:, :pre.prompt_bucket] = a[:, :pre.prompt_bucket]
-      return self._put(out)
-    kv = tuple(KV(fit(c.k), fit(c.v)) for c in pre.kv)
-    valid = np.zeros(S, bool)
-    valid[:pre.prompt_bucket] = np.asarray(pre.valid)[:pre.prompt_bucket]
-    return pre._replace(kv=kv, valid=self._put(valid), cache_len=S)
+    return row, _token_out(out)
 
   def step(self, return_logits: bool = False):
     """One token for every occupied row: [(row, owner, TokenOut)] (and the logits
@@ -481,8 +488,10 @@ class Engine:
       return ([], None) if return_logits else []
     self._shrink()
     self._ensure_step_room()
-    self.slots, out, logits = _generate(self.params, self.layers, self.cfg, self.slots,
-                                        return_logits=bool(return_logits))
+    logits, decode = _advance(self.params, self.layers, self.cfg, self.slots.decode,
+                              self.slots.token, self.slots.cf)
+    rows, out = _choose(self.slots._replace(decode=None), logits)
+    self.slots = rows._replace(decode=decode)
     token, logp, ids, top = (np.asarray(x) for x in out)
     done = []
     for r, owner in enumerate(self.rows):
@@ -505,18 +514,15 @@ class Engine:
     if batch < self.batch or cache_len < self.cache_len:
       self._reshape(batch, cache_len, order)
 
-  @staticmethod
-  def _token_out(out) -> TokenOut:
-    token, logp, ids, top = (np.asarray(x) for x in out)
-    return TokenOut(int(token), float(logp), ids, top)
 
   def warmup(self, prompt_lengths: Optional[Sequence[int]] = None,
              control_flows=(CF_RECURRENT,), echo: Sequence[bool] = (False,)) -> int:
-    """Compile ahead, without running them, the programs requests will run: the generate
-    step and insert of every (batch, cache) bucket, and the prefill of each prompt
-    bucket (every one up to max_len, or those of `prompt_lengths`) for each control flow
-    and echo setting with its widening to every longer cache bucket; traced here, compiled
-    on up to eight cores at once. Returns the number of programs compiled."""
+    """Compile ahead, without running them, the programs requests will run: the decode
+    step and insert of every (batch, cache) bucket, the token choices, and the prefill of
+    each prompt bucket (every one up to max_len, or those of `prompt_lengths`) for each
+    control flow, its echo scoring when `echo` has True, its widening to every longer
+    cache bucket; traced here, compiled on up to eight cores at once. Returns the number
+    of programs compiled."""
     if prompt_lengths is None:
       prompt_buckets = self.prompt_buckets
     else:
@@ -527,6 +533,24 @@ class Engine:
     for c in compiled:
       c.result()
     return len(compiled)
+
+
+def _recached(pre: Prefilled, S: int, put) -> Prefilled:
+  """A prefill at another cache length S: its slots [0, P) copied (host), then `put`."""
+  def fit(a):
+    a = np.asarray(a)
+    out = np.zeros(a.shape[:1] + (S,) + a.shape[2:], a.dtype)
+    out[:, :pre.prompt_bucket] = a[:, :pre.prompt_bucket]
+    return put(out)
+  kv = tuple(KV(fit(c.k), fit(c.v)) for c in pre.kv)
+  valid = np.zeros(S, bool)
+  valid[:pre.prompt_bucket] = np.asarray(pre.valid)[:pre.prompt_bucket]
+  return pre._replace(kv=kv, valid=put(valid), cache_len=S)
+
+
+def _token_out(out) -> TokenOut:
+  token, logp, ids, top = (np.asarray(x) for x in out)
+  return TokenOut(int(token), float(logp), ids, top)
 
 
 def _insert_settings(prompt_bucket: int, row: int, control_flow: int, sampling: Sampling,
@@ -561,29 +585,35 @@ def _programs(engine: Engine, prompt_buckets: Sequence[int], control_flows, echo
   for P in prompt_buckets:
     tokens = _spec(np.zeros((1, P), np.int32), device)
     for cf in control_flows:
-      for e in echo:
-        recurrent = cf == CF_RECURRENT and cfg.recurrence is not None
-        if (P, recurrent, bool(e)) not in seen:
-          seen.add((P, recurrent, bool(e)))
-          yield _prefill, (engine.params, cfg, tokens, i32, tokens, recurrent, bool(e)), {}
-    kv, valid = _prefill_spec(engine, P)[:2]
+      recurrent = cf == CF_RECURRENT and cfg.recurrence is not None
+      if (P, recurrent) not in seen:
+        seen.add((P, recurrent))
+        yield _prefill, (engine.params, cfg, tokens, i32, tokens, recurrent), {}
+    (kv, valid, *_), y = _prefill_spec(engine, P, hidden=True)
+    if any(echo):
+      yield _score, (engine.params, cfg, y, tokens), {}
     for S in engine.cache_buckets:
       if S > P:
         yield _widen, (kv, valid, S), {}
+  settings = _spec(_insert_settings(1, 0, CF_RECURRENT, Sampling(), True, device), device)
+  logits = _prefill_spec(engine, engine.cache_buckets[0])[4]
+  yield _first_token, (logits, *settings[3:7]), {}
+  for B in engine.batch_buckets:
+    rows = _spec(_empty_slots(cfg, B, 1, engine.cache_dtype)._replace(decode=None), device)
+    yield _choose, (rows, _spec(np.zeros((B, cfg.vocab_size), np.float32), device)), {}
   for S in engine.cache_buckets:
     pre = _prefill_spec(engine, S)
-    settings = _spec(_insert_settings(1, 0, CF_RECURRENT, Sampling(), True, device), device)
     for B in engine.batch_buckets:
       slots = _spec(_empty_slots(cfg, B, S, engine.cache_dtype), device)
-      yield _insert, (slots, *pre, *settings), {}
-      yield _generate, (engine.params, engine.layers, cfg, slots), {"return_logits": False}
+      yield _insert, (slots, *pre[:4], *settings, i32), {}
+      yield _advance, (engine.params, engine.layers, cfg, slots.decode, slots.token, slots.cf), {}
 
 
-def _prefill_spec(engine: Engine, P: int):
-  """Shapes of a prefill's (kv, valid, state, position, logits) of a P-token bucket, on the
-  engine's device."""
+def _prefill_spec(engine: Engine, P: int, hidden: bool = False):
+  """Shapes of a prefill's (kv, valid, state, position, logits) of a P-token bucket (with
+  `hidden`: and of its last-layer output), on the engine's device."""
   tokens = jax.ShapeDtypeStruct((1, P), jnp.int32)
   run = lambda params, tokens_1P, length: _prefill(params, engine.cfg, tokens_1P, length,
-                                                   tokens_1P, False, False)
-  out = jax.eval_shape(run, engine.params, tokens, jax.ShapeDtypeStruct((), jnp.int32))[0]
-  return _spec(out, engine.device)
+                                                   tokens_1P, False)
+  out = jax.eval_shape(run, engine.params, tokens, jax.ShapeDtypeStruct((), jnp.int32))
+  return _spec(out if hidden else out[0], engine.device)

@@ -229,7 +229,8 @@ def test_host_parameters_are_put_on_the_device_once():
   np.testing.assert_array_equal(tokens, ref)
   with jax.transfer_guard_host_to_device("disallow"), pytest.raises(Exception,
                                                                     match="Disallowed"):
-    serving_engine._generate(host, engine.layers, cfg, engine.slots)
+    serving_engine._advance(host, engine.layers, cfg, engine.slots.decode, engine.slots.token,
+                            engine.slots.cf)
 
 
 def test_seeds_become_the_same_keys_on_the_host():

@@ -409,7 +409,9 @@ def test_a_mixed_load_compiles_nothing_after_the_default_warmup(model):
   run = Running(serving.Server(cfg, params, tok, name="tiny", max_batch=4, max_len=64,
                                max_queue=64), warmup_lengths=None)
   try:
-    assert run.programs == 3 * 2 + 2 + 3 * 2     # prefills (+ echo), widenings, steps + inserts
+    # prefills (+ echo), widenings, the first-token draw, a choice per batch, model steps +
+    # inserts per (batch, cache)
+    assert run.programs == 3 * 2 + 2 + 1 + 3 + 3 * 2
     rng = np.random.default_rng(0)
     bodies = []
     for i in range(60):
@@ -471,7 +473,7 @@ def test_the_command_line_serves_and_sigterm_finishes_what_is_in_flight(tmp_path
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "compiling the engine's programs for tiny (max_batch 2, max_len 64, KV cache " in out
-    assert "warm-up: 7 programs compiled in" in out and any((tmp_path / "jc").iterdir())
+    assert "warm-up: 10 programs compiled in" in out and any((tmp_path / "jc").iterdir())
     assert f"serving tiny at http://127.0.0.1:{port}/v1" in out
   finally:
     if proc.poll() is None:
