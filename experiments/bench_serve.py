@@ -17,8 +17,8 @@ a second load generator (its own synthetic 128-token prompts through
 /v1/chat/completions, guidellm's default endpoint, 64 output tokens, its `concurrent`
 profile at 1, 4 and 8 streams; guidellm's processes share the machine's cores with the
 server): requests/s, TTFT, inter-token latency, errors. Cell `start`: `python -m
-t2mlr_jax.serve --model=<GGUF>` with its defaults and the compile cache off, the seconds
-until `/health` answers and the process's resident memory then. Beside them, `stream`
+t2mlr_jax.serve --model=<GGUF>` with its defaults and the compile cache off, three times:
+the median seconds until `/health` answers, and the process's resident memory then. Beside them, `stream`
 in-process at batch 1.
 
     python experiments/bench_serve.py                  # every cell not yet in the JSON
@@ -61,6 +61,7 @@ OUT = os.path.join(ROOT, "experiments", "results", "bench_serve.json")
 NEW_TOKENS, MAX_LEN, MAX_BATCH = 64, 1024, 8
 REQUESTS_PER_CLIENT = 2
 ROUNDS = 3
+START_RUNS = 3
 PROMPTS = (128, 512)
 CLIENTS = (1, 4, 8)
 WARMUP_LENGTHS = (128, 256, 512)     # 256: guidellm's 128 tokens inside the chat template
@@ -182,7 +183,18 @@ def guidellm_cell(base: str, tokenizer_dir: str, guidellm: str) -> dict:
 
 
 def start_cell() -> dict:
-  """`serve` with its defaults, compile cache off: seconds until /health, resident memory."""
+  """`serve` with its defaults, compile cache off, START_RUNS times one after another (a
+  shared machine's neighbours move it by tens of percent): the median seconds until
+  /health, each run's, and resident memory then."""
+  runs = [_start_once() for _ in range(START_RUNS)]
+  seconds = [r[0] for r in runs]
+  return {"until_health_s": round(statistics.median(seconds), 1),
+          "runs_s": [round(x, 1) for x in seconds],
+          "resident_gb": round(max(r[1] for r in runs) / 2**20, 2), "warmup_line": runs[-1][2]}
+
+
+def _start_once() -> tuple:
+  """One cold `serve`: (seconds until /health, resident KiB, its warm-up line)."""
   port = _free_port()
   cmd = [sys.executable, "-m", "t2mlr_jax.serve", f"--model={smollm2_gguf()}",
          "--compile_cache=", f"--port={port}"]
@@ -207,8 +219,7 @@ def start_cell() -> dict:
     proc.terminate()
     proc.wait(60)
   warm = next((line.strip() for line in log if line.startswith("warm-up:")), "")
-  return {"until_health_s": round(seconds, 1), "resident_gb": round(rss / 2**20, 2),
-          "warmup_line": warm}
+  return seconds, rss, warm
 
 
 def in_process(cfg, params, ids, cache_len: int) -> dict:
@@ -284,9 +295,10 @@ def table(results: dict) -> str:
                      f"{r['itl_p50_ms']:.0f} / {r['itl_p95_ms']:.0f} |")
   if "start" in cells:
     s = cells["start"]
+    runs = ", ".join(f"{x:.0f}" for x in s.get("runs_s", [s["until_health_s"]]))
     lines.append(f"\n`serve --model=<GGUF>` with defaults, compile cache off: /health after "
-                 f"{s['until_health_s']:.0f} s, {s['resident_gb']:.1f} GB resident "
-                 f"({s['warmup_line']}).")
+                 f"{s['until_health_s']:.0f} s (median; runs {runs} s), "
+                 f"{s['resident_gb']:.1f} GB resident ({s['warmup_line']}).")
   for model, ref in results.get("in_process", {}).items():
     lines.append(f"\nIn-process `stream`, {model}, batch 1, cache {ref['cache_len']}: "
                  f"{ref['token_latency_ms']:.0f} ms a token ({ref['tokens_per_s']:.1f} "
