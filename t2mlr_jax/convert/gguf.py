@@ -61,7 +61,7 @@ class _Reader(gguf.GGUFReader):
 
   @data.setter
   def data(self, value):
-    self._data = value.view(np.ndarray)
+    self._data = np.asarray(value)        # an ndarray over the same mapping, no copy
 
 
 def _open(path: str):
