@@ -74,8 +74,9 @@ class Scheduler:
     job.emit("done", reason)
 
   def _emit_token(self, row: Optional[int], job: Job, out) -> bool:
-    """Hand a token to its job ("eos" for the end of sequence, which ends it: its entry
-    and count, not its text); True when the job is finished (its slot freed)."""
+    """Hand a token to its job ("eos" for the end of sequence: its entry and count, not
+    its text; it ends the job unless the request set ignore_eos); True when the job is
+    finished (its slot freed)."""
     job.produced += 1
     if job.produced == 1:
       self.ttft_sum += time.perf_counter() - job.submitted
@@ -83,9 +84,11 @@ class Scheduler:
     self.stats["tokens_total"] += 1
     if self.eos_id is not None and out.token == self.eos_id:
       job.emit("eos", out)
-      self._finish(row, job, "stop")
-      return True
-    job.emit("token", out)
+      if not job.settings.ignore_eos:
+        self._finish(row, job, "stop")
+        return True
+    else:
+      job.emit("token", out)
     if job.produced >= job.settings.max_tokens:
       self._finish(row, job, "length")
       return True

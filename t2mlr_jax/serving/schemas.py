@@ -220,6 +220,7 @@ class CompletionRequest(RequestBody):
                       Field(json_schema_extra={"minimum": 0, "maximum": TOP_LOGPROBS}),
                       Allowed(f"an integer 0..{TOP_LOGPROBS}")] = None
   echo: Annotated[Flag, Field(validate_default=True)] = False
+  ignore_eos: Flag = False      # vLLM's extension: go on past end-of-sequence to max_tokens
   recurrence: Recurrence = "exact"
   stream_options: Options = None
   stream: Flag = False
@@ -247,6 +248,7 @@ class ChatRequest(RequestBody):
   n: N = 1
   logprobs: Flag = False
   top_logprobs: Annotated[StrictInt, Allowed(f"0..{TOP_LOGPROBS}")] = 0
+  ignore_eos: Flag = False      # vLLM's extension: go on past end-of-sequence to max_tokens
   recurrence: Recurrence = "exact"
   stream_options: Options = None
   stream: Flag = False
@@ -354,6 +356,7 @@ class Settings:
   prompt_cf: int
   include_usage: bool = False
   n: int = 1
+  ignore_eos: bool = False      # an end-of-sequence token does not end the answer
 
 
 def settings_of(req: Union[CompletionRequest, ChatRequest], server) -> Settings:
@@ -368,7 +371,8 @@ def settings_of(req: Union[CompletionRequest, ChatRequest], server) -> Settings:
       False if chat else req.echo,
       (req.top_logprobs if req.logprobs else None) if chat else req.logprobs,
       req.stream, RECURRENCE[req.recurrence], prompt_cf,
-      req.stream_options is not None and req.stream_options.include_usage, req.n)
+      req.stream_options is not None and req.stream_options.include_usage, req.n,
+      req.ignore_eos)
 
 
 def sample_seeds(seed: int, n: int) -> list[int]:

@@ -17,7 +17,7 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 
 from serving.test_server import Running
-from t2mlr_jax import forward
+from t2mlr_jax import forward, generate
 from t2mlr_jax.serving import routes, server as serving
 
 from _gguf_fixtures import tiny_gguf_model
@@ -125,6 +125,29 @@ def test_a_generated_eos_has_its_entry_and_counts(model, running, monkeypatch):
   chunks = _stream(running, "/v1/chat/completions", chat)
   _close(sum((c["choices"][0]["logprobs"]["content"] for c in chunks
               if c["choices"][0]["logprobs"]), []), content)
+
+
+def test_ignore_eos_goes_on_to_max_tokens(model, running, monkeypatch):
+  """vLLM's `ignore_eos` (guidellm sends it for fixed output lengths): an end of sequence
+  keeps its entry and count but not its text, and the answer goes on to max_tokens
+  (finish "length"), the tokens after it those of the model fed the EOS."""
+  cfg, params, tok = model
+  ids = tok.encode(PROMPT)
+  eos = int(np.argmax(_logp(params, cfg, ids)[-1]))
+  monkeypatch.setattr(running.server.scheduler, "eos_id", eos)
+  body = {"prompt": ids, "max_tokens": 4, "temperature": 0, "logprobs": 1,
+          "ignore_eos": True}
+  status, out, _ = running.post("/v1/completions", body)
+  assert status == 200, out
+  choice = out["choices"][0]
+  assert choice["finish_reason"] == "length" and out["usage"]["completion_tokens"] == 4
+  lp = choice["logprobs"]
+  assert lp["tokens"][0] == running.server.token_text(eos)
+  rest = tok.decode([int(t) for t in np.asarray(generate(
+      params, cfg, np.asarray([ids]), max_new_tokens=4))[0][1:] if int(t) != eos])
+  assert choice["text"] == rest
+  status, out, _ = running.post("/v1/completions", {**body, "ignore_eos": "yes"})
+  assert status == 400 and out["error"]["param"] == "ignore_eos"
 
 
 def test_streams_carry_logprobs_and_echo(model, running):
