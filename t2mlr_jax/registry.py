@@ -119,7 +119,7 @@ RECURRENCE_FUNCTIONS = ("init_params", "zero_state", "read", "enter", "memory", 
                         "stats", "layer_stats", "scalars", "value_embed_rows")
 RECURRENCE_OPTIONAL = ("layer_module", "plain_state", "refresh_kv")
 # hooks added later: a module without one declines it (files written before keep working)
-RECURRENCE_DEFAULTED = ("span_exit",)
+RECURRENCE_DEFAULTED = ("span_exit", "at_step", "fixed_leaves")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -158,6 +158,10 @@ class RecurrenceType:
   refresh_kv: Optional[Callable] = None    # the refinement passes' K/V refresh, or None
   span_exit: Optional[Callable] = None     # (params, cfg, o, state, cf) -> the span's
                                            # output as the layers above read it, or None
+  at_step: Optional[Callable] = None       # (params, cfg, step, num_steps) -> params with
+                                           # the leaves the trainer sets per step, or None
+  fixed_leaves: Optional[Callable] = None  # (cfg) -> names of those leaves, which the
+                                           # optimizer never updates, or None
   no_decay: tuple = ()         # leaf names weight decay leaves alone
   partition_rules: tuple = ()  # (path regex, logical axes) rows of its parameters
   embedding_leaves: tuple = ()  # (parent, leaf) tables Muon trains as embeddings

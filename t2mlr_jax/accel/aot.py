@@ -251,7 +251,7 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
       "steps": []}
   jax_steps = []
   if "train" in steps:
-    step = make_train_step(cfg, tx, schedule, mode, mesh, t.get("loss_chunk"), k)
+    step = make_train_step(cfg, tx, schedule, mode, mesh, t.get("loss_chunk"), k, t.num_steps)
     args = (_abstract(state, shardings), _batch(batch_keys(config), t.batch_size, t.seq_len,
                                                 mesh))
     step_flops = family.train_step_flops(cfg, t.batch_size, t.seq_len, mode)

@@ -28,6 +28,7 @@ ACTIVATIONS = {"gelu": functools.partial(jax.nn.gelu, approximate=False), "relu"
 PROJ_TYPES = ("auto", "linear", "mlp")
 GATE_PROJ_TYPES = ("linear", "mlp")
 NORM_TYPES = ("rmsnorm", "layernorm")
+FIXED_WEIGHT_LEAF = "recurrent_weight"   # the curriculum's leaf (`fixed_recurrent_weight`)
 RMS_EPS = float(jnp.finfo(jnp.float32).eps)   # torch.nn.RMSNorm's default (eps=None), fp32
 LAYERNORM_EPS = 1e-5                           # torch.nn.LayerNorm's default
 
@@ -52,6 +53,9 @@ class Mixer:
   parameter name or None for a buffer) pairs, for `convert/official.py`.
   identity_at_init(options) -> bool: its fresh init computes out = h (a pretrained model
   keeps its function when the mixer is added); None: never.
+  fixed_weight(options) -> bool: these options leave a fixed recurrent weight (its
+  `recurrent_weight` option, read through `fixed_recurrent_weight`), which the
+  recurrent_weight curriculum moves; None: never.
   """
   name: str
   module: type
@@ -61,6 +65,7 @@ class Mixer:
   partition_rules: tuple = ()
   official_names: tuple = ()
   identity_at_init: Optional[Callable] = None
+  fixed_weight: Optional[Callable] = None
   source: str = ""
 
 
@@ -178,6 +183,33 @@ def check_identity_at_init(rcfg) -> None:
             "a mixer whose fresh init computes h (e.g. gated, alpha_coupled or "
             "var_norm_gated with the ReZero γ at 0, concat, none) to add it to a pretrained "
             f"model; mixer_options={rcfg.mixer_options!r}")
+
+
+def check_fixed_weight(rcfg) -> None:
+  """The recurrent_weight curriculum needs a mixer whose options leave a fixed recurrent
+  weight (`Mixer.fixed_weight`): otherwise it would move nothing."""
+  entry = MIXERS.get(rcfg.mixer, "recurrence.mixer")
+  if entry.fixed_weight is None or not entry.fixed_weight(options_of(rcfg)):
+    with_one = [m.name for m in MIXERS.values() if m.fixed_weight is not None]
+    raise ValueError(
+        f"recurrence.use_recurrent_weight_curriculum=True moves the mixer's fixed "
+        f"recurrent_weight, and mixer {rcfg.mixer!r} with options {dict(rcfg.mixer_options)} "
+        f"has none (a learned gate, or no such option): allowed a mixer of {with_one} with "
+        "its recurrent gate fixed (gated: use_learnable_recurrent_gate=False; alpha_coupled "
+        "and var_norm_gated: use_learnable_gate=False)")
+
+
+def fixed_recurrent_weight(module: "MixerModule", value: float):
+  """A mixer's fixed recurrent weight: its option's `value`; under the recurrent_weight
+  curriculum the scalar leaf FIXED_WEIGHT_LEAF instead (created at the curriculum's start),
+  which the trainer sets before every step and nothing learns (read under
+  stop_gradient; the optimizer leaves it alone)."""
+  rcfg = module.rcfg
+  if not getattr(rcfg, "use_recurrent_weight_curriculum", False):
+    return jnp.float32(value)
+  w = module.param(FIXED_WEIGHT_LEAF, nn.initializers.constant(
+      rcfg.recurrent_weight_curriculum_start), (), jnp.float32)
+  return jax.lax.stop_gradient(w)
 
 
 def module_of(rcfg, d_model: int) -> nn.Module:
@@ -599,7 +631,7 @@ class GatedMixer(MixerModule):
     s_rec = (jax.nn.sigmoid(gate_logits(o, "f_rec", D, rcfg.gate_gain, o.recurrent_gate_init
                                         or rcfg.gate_init, _sg(g, o.detach("recurrent")),
                                         "t2mlr_gates"))
-             if o.use_learnable_recurrent_gate else jnp.float32(o.recurrent_weight))
+             if o.use_learnable_recurrent_gate else fixed_recurrent_weight(self, o.recurrent_weight))
     if o.disable_x_branch:
       return s_rec, jnp.float32(0.0)
     s_cur = (jax.nn.sigmoid(gate_logits(o, "f_cur", D, rcfg.gate_gain, o.input_gate_init
@@ -644,7 +676,7 @@ class AlphaMixer(MixerModule):
       alpha = jax.nn.sigmoid(gate_logits(o, "f_alpha", D, self.rcfg.gate_gain,
                                          o.recurrent_gate_init, g, "t2mlr_gates"))
     else:
-      alpha = jnp.float32(o.recurrent_weight)
+      alpha = fixed_recurrent_weight(self, o.recurrent_weight)
     alpha = _clamp_alpha(alpha)
     w_rec, w_cur = (jnp.sqrt(alpha), jnp.sqrt(1.0 - alpha)) if self.root else (alpha, 1 - alpha)
     y = post_norm(o, r * w_rec + x * w_cur)
@@ -738,6 +770,7 @@ for _entry in (
           partition_rules=_KERNEL_RULES, identity_at_init=_always,
           official_names=_PROJECTION_NAMES + (("concat_projection", "w_concat"),)),
     Mixer("gated", GatedMixer, GatedOptions, kernel_flops,
+          fixed_weight=lambda opts: not opts.use_learnable_recurrent_gate,
           identity_at_init=lambda opts: opts.use_rezero_residual and (
               opts.rezero_gamma_recurrent_gate_init == 0 == opts.rezero_gamma_input_gate_init),
           # γ_rec / γ_cur are the gates' scalars (biases are the backbone's rule: `bias`);
@@ -748,10 +781,12 @@ for _entry in (
               ("rezero_gamma_recurrent_gate", "gamma_rec"),
               ("rezero_gamma_input_gate", "gamma_cur"))),
     Mixer("var_norm_gated", VarNormMixer, AlphaOptions, kernel_flops, identity_at_init=_rezero_at_0,
+          fixed_weight=lambda opts: not opts.use_learnable_gate,
           no_decay=("gamma", "scaling"), partition_rules=_KERNEL_RULES,
           official_names=_PROJECTION_NAMES + (("alpha_gate_proj", "f_alpha"),
                                               ("rezero_gamma", "gamma"))),
     Mixer("alpha_coupled", AlphaMixer, AlphaOptions, kernel_flops, identity_at_init=_rezero_at_0,
+          fixed_weight=lambda opts: not opts.use_learnable_gate,
           no_decay=("gamma", "scaling"), partition_rules=_KERNEL_RULES,
           official_names=_PROJECTION_NAMES + (("alpha_gate_proj", "f_alpha"),
                                               ("rezero_gamma", "gamma"))),

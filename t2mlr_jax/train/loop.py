@@ -402,7 +402,7 @@ def _steps(run: _Run, cleanup: contextlib.ExitStack, progress: bool) -> dict:
   evaluations and checkpoints at their cadences; returns the last logged metrics."""
   t = run.t
   train_step = make_train_step(run.cfg, run.tx, run.schedule, run.mode, run.mesh,
-                               t.get("loss_chunk"), t.get("grad_accum_steps", 1))
+                               t.get("loss_chunk"), t.get("grad_accum_steps", 1), t.num_steps)
   data_sharding = sharding.batch_sharding(run.mesh)
   step = first_step = int(jax.device_get(run.state.step))
   stop_at = t.num_steps if t.stop_after_steps is None else t.stop_after_steps

@@ -33,6 +33,7 @@ checks); `make_optimizer` takes it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import optax
@@ -242,11 +243,28 @@ def make_optimizer(opt_config: OptimizerConfig, num_steps: int, cfg=None):
   if o.recurrence_lr_mult != 1.0:
     parts.append(optax.masked(optax.scale(o.recurrence_lr_mult), recurrence_mask))
   tx = optax.chain(*parts)
-  if o.freeze_base_model:
-    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, _frozen_labels)
+  fixed = fixed_leaves(cfg)
+  if o.freeze_base_model or fixed:
+    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
+                               functools.partial(_frozen_labels, base=o.freeze_base_model,
+                                                 fixed=fixed))
   return tx, schedule
 
 
-def _frozen_labels(params):
-  """'train' on the recurrence's leaves, 'frozen' on the base model's."""
-  return jax.tree.map(lambda r: "train" if r else "frozen", recurrence_mask(params))
+def fixed_leaves(cfg) -> tuple:
+  """Names of the recurrence's leaves the trainer sets per step and nothing learns
+  (`RecurrenceType.fixed_leaves`: the recurrent_weight curriculum's); () without a config."""
+  if getattr(cfg, "recurrence", None) is None:
+    return ()
+  declared = recurrence.of(cfg).fixed_leaves
+  return () if declared is None else tuple(declared(cfg))
+
+
+def _frozen_labels(params, base: bool, fixed: tuple):
+  """'frozen' (no update, no optimizer state) on the base model's leaves when `base`
+  (freeze_base_model) and on the recurrence's `fixed` leaves; 'train' elsewhere."""
+  def label(path, leaf):
+    if _in_recurrence(path):
+      return "frozen" if _keys(path)[-1] in fixed else "train"
+    return "frozen" if base else "train"
+  return jax.tree_util.tree_map_with_path(label, params)

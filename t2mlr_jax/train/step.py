@@ -122,15 +122,25 @@ def _reduce_aux(aux: dict) -> dict:
   return out
 
 
+def at_step(params, cfg: AnyModelConfig, step, num_steps: Optional[int]):
+  """The parameters a step trains with: the recurrence type's per-step leaves set
+  (`RecurrenceType.at_step`: T2MLR's recurrent_weight curriculum), else as they are."""
+  hook = (recurrence.of(cfg).at_step if getattr(cfg, "recurrence", None) is not None
+          else None)
+  return params if hook is None else hook(params, cfg, step, num_steps)
+
+
 def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
-                    loss_chunk: Optional[int] = None, grad_accum_steps: int = 1):
+                    loss_chunk: Optional[int] = None, grad_accum_steps: int = 1,
+                    num_steps: Optional[int] = None):
   """jit(state, batch) -> (state, metrics); the state buffer is donated. loss_chunk: the
   LM head and CE a chunk of positions at a time (see `model.api.loss`). grad_accum_steps
   k > 1: the batch runs as k microbatches in a `lax.scan`, their fp32 gradients summed
   into one update; the loss keeps its meaning (token-weighted over the whole batch; for
   LRT each pass's mean over the whole batch, then its weighting), so the update equals
   the one-shot step's to fp32 rounding (with a Jacobi tolerance each microbatch stops
-  on its own). The attention kernel is resolved for the mesh's devices here, once."""
+  on its own). The attention kernel is resolved for the mesh's devices here, once.
+  num_steps: the run's length, for leaves set per step (`at_step`)."""
   cfg = family_of(cfg).for_devices(cfg, mesh.devices.flat)
   k = grad_accum_steps
 
@@ -162,16 +172,17 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
     return (loss, (_reduce_aux(auxs), count)), grads
 
   def step(state: TrainState, batch):
+    now = at_step(state.params, cfg, state.step, num_steps)
     # the mesh's axes (and devices' kind) visible to the model's activation constraints
     # (sharding.constrain_batch) and kernel choice (kernels.target)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       if k == 1:
-        (loss, (aux, count)), grads = grad_fn(state.params, batch)
+        (loss, (aux, count)), grads = grad_fn(now, batch)
       else:
-        (loss, (aux, count)), grads = accumulated(state.params, batch)
+        (loss, (aux, count)), grads = accumulated(now, batch)
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = tx.update(grads, state.opt_state, now)
+    params = optax.apply_updates(now, updates)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (state.nonfinite_step < 0)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
     new_state = TrainState(
@@ -180,7 +191,7 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
         nonfinite_step=jnp.where(ok | (state.nonfinite_step >= 0), state.nonfinite_step,
                                  state.step))
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
-               "supervised_tokens": count, **aux, **recurrence_metrics(state.params, cfg)}
+               "supervised_tokens": count, **aux, **recurrence_metrics(now, cfg)}
     return new_state, metrics
 
   shardings = state_shardings(cfg, tx, mesh)

@@ -151,3 +151,89 @@ def test_release_state_options_hold_in_every_mode_and_in_decode(options):
   seq = np.concatenate([tokens[:, :4], np.asarray(new)], axis=1)
   teacher = forward(params, cfg, seq, mode="exact")[:, 3:-1]
   assert max_abs(logits, teacher) <= 1e-4
+
+
+def _release_curriculum(start, end, total, schedule, warmup, step):
+  """The official release's RecurrentWeightCurriculumScheduler.get_value, restated."""
+  warmup = total if warmup is None else warmup
+  if step >= warmup:
+    return end
+  if step <= 0:
+    return start
+  p = step / warmup
+  f = {"linear": p, "cosine": (1 - np.cos(p * np.pi)) / 2, "exponential": p ** 2,
+       "step": 1.0 if p >= 0.5 else 0.0}[schedule]
+  return start + (end - start) * f
+
+
+FIXED_GATE = ("use_learnable_recurrent_gate=False", "rezero_gamma_recurrent_gate_init=0.5")
+
+
+@pytest.mark.parametrize("schedule", rec.CURRICULUM_SCHEDULES)
+def test_the_curriculum_follows_the_release_scheduler(schedule):
+  """Every schedule, warm-up given in steps, as a ratio of the run, or the whole run, at
+  every step and past the end."""
+  total = 20
+  for warm in ({"recurrent_weight_curriculum_warmup_steps": 8},
+               {"recurrent_weight_curriculum_warmup_ratio": 0.3}, {}):
+    rcfg = T2MLRConfig(mixer_options=FIXED_GATE, use_recurrent_weight_curriculum=True,
+                       recurrent_weight_curriculum_start=0.2,
+                       recurrent_weight_curriculum_end=0.9,
+                       recurrent_weight_curriculum_schedule=schedule, **warm)
+    steps = warm.get("recurrent_weight_curriculum_warmup_steps")
+    if "recurrent_weight_curriculum_warmup_ratio" in warm:
+      steps = int(total * warm["recurrent_weight_curriculum_warmup_ratio"])
+    for step in range(total + 3):
+      want = _release_curriculum(0.2, 0.9, total, schedule, steps, step)
+      got = float(jax.jit(lambda s: rec.curriculum_weight(rcfg, s, total))(step))
+      assert got == pytest.approx(want, abs=1e-6), (warm, step)
+
+
+def test_the_curriculum_is_refused_where_it_would_move_nothing_or_is_misread():
+  with pytest.raises(ValueError, match=r"use_recurrent_weight_curriculum=True .* mixer 'gated'"
+                                       r".*use_learnable_recurrent_gate=False"):
+    T2MLRConfig(use_recurrent_weight_curriculum=True)          # Φ's gate is learned
+  with pytest.raises(ValueError, match=r"recurrent_weight_curriculum_schedule='warm' is "
+                                       r"invalid: allowed one of \('linear'"):
+    T2MLRConfig(recurrent_weight_curriculum_schedule="warm")
+  with pytest.raises(ValueError, match=r"warmup_steps=4 and .*warmup_ratio=0.5 are both set"):
+    T2MLRConfig(recurrent_weight_curriculum_warmup_steps=4,
+                recurrent_weight_curriculum_warmup_ratio=0.5)
+  rcfg = T2MLRConfig(mixer_options=FIXED_GATE, use_recurrent_weight_curriculum=True,
+                     recurrent_weight_curriculum_warmup_steps=30)
+  with pytest.raises(ValueError, match=r"warmup_steps=30 is invalid: allowed at most the "
+                                       r"run's 10 train steps"):
+    rec.curriculum_weight(rcfg, 0, 10)
+  for mixer, opts in (("alpha_coupled", ()), ("var_norm_gated", ())):
+    T2MLRConfig(mixer=mixer, mixer_options=opts, use_recurrent_weight_curriculum=True)
+
+
+@pytest.mark.parametrize("mixer,options", [("gated", FIXED_GATE),
+                                           ("alpha_coupled", ("rezero_gamma_init=0.5",))])
+def test_the_curriculum_leaf_is_the_fixed_weight_in_every_mode_and_in_decode(mixer, options):
+  """Under the curriculum the mixer's fixed recurrent weight is a leaf that starts at the
+  curriculum's start; holding w it computes what the fixed option recurrent_weight=w
+  computes (exact, Jacobi, decode), and it gets no gradient."""
+  cfg = tiny_cfg(recurrence=T2MLRConfig(
+      l_start=1, l_end=2, mixer=mixer, mixer_options=options,
+      use_recurrent_weight_curriculum=True, recurrent_weight_curriculum_start=0.25))
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  assert float(params["recurrence"]["recurrent_weight"]) == 0.25
+  params = {**params, "recurrence": {**params["recurrence"], "recurrent_weight": jnp.float32(0.7)}}
+  fixed = tiny_cfg(recurrence=T2MLRConfig(l_start=1, l_end=2, mixer=mixer,
+                                          mixer_options=options + ("recurrent_weight=0.7",)))
+  same = {**params, "recurrence": {k: v for k, v in params["recurrence"].items()
+                                   if k != "recurrent_weight"}}
+  tokens = random_tokens(cfg, 2, 9, seed=3)
+  for mode, kw in (("exact", {}), ("jacobi", dict(d_forward=9, d_backward=2))):
+    a = forward(params, cfg, tokens, mode=mode, **kw)
+    assert max_abs(a, forward(same, fixed, tokens, mode=mode, **kw)) <= 1e-6, mode
+  other = {**params, "recurrence": {**params["recurrence"], "recurrent_weight": jnp.float32(0.1)}}
+  assert max_abs(forward(other, cfg, tokens, mode="exact"), a) > 1e-3     # it is read
+  new, logits = generate(params, cfg, tokens[:, :5], max_new_tokens=4, return_logits=True)
+  new_fixed, logits_fixed = generate(same, fixed, tokens[:, :5], max_new_tokens=4,
+                                     return_logits=True)
+  np.testing.assert_array_equal(new, new_fixed)
+  assert max_abs(logits, logits_fixed) <= 1e-6
+  grads = jax.grad(lambda p: jnp.sum(forward(p, cfg, tokens, mode="exact") ** 2))(params)
+  assert float(grads["recurrence"]["recurrent_weight"]) == 0.0

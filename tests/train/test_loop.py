@@ -171,6 +171,33 @@ def test_a_checkpoint_written_with_the_options_in_the_recurrence_resumes(referen
   _assert_same_params(_params(wd), _params(reference))
 
 
+def test_the_recurrent_weight_curriculum_trains_resumes_bit_identically_and_decodes(tmp_path):
+  """The release's curriculum from the config (a fixed recurrent gate, linear from 0.2 to
+  0.8 over half the run): stopped and resumed, the run equals the uninterrupted one; the
+  checkpoint keeps the last step's weight, and the model decodes."""
+  def config(**train):
+    c = tiny_config(num_steps=12, eval_every=1000, checkpoint_every=1000, log_every=1,
+                    **train)
+    c.model.recurrence.update(
+        mixer_options=("use_learnable_recurrent_gate=False",
+                       "rezero_gamma_recurrent_gate_init=0.5"),
+        use_recurrent_weight_curriculum=True, recurrent_weight_curriculum_start=0.2,
+        recurrent_weight_curriculum_end=0.8, recurrent_weight_curriculum_warmup_ratio=0.5)
+    return c
+  whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+  loop.train(config(), whole, progress=False)
+  loop.train(config(stop_after_steps=5), parts, progress=False)
+  loop.train(config(), parts, progress=False)
+  assert train_losses(parts) == train_losses(whole)
+  _assert_same_params(_params(parts), _params(whole))
+  logged = [r["recurrent_weight"] for r in read_metrics(whole)]
+  assert logged == pytest.approx([0.2 + 0.6 * min(s / 6, 1.0) for s in range(12)], abs=1e-6)
+  cfg, params = checkpoint.load(whole)[:2]
+  assert float(params["recurrence"]["recurrent_weight"]) == pytest.approx(0.8)
+  new = t2mlr_jax.generate(params, cfg, np.ones((1, 4), np.int32), max_new_tokens=3)
+  assert np.asarray(new).shape == (1, 3)
+
+
 def test_a_log_window_shorter_than_log_every_says_which_steps_it_averages(
     tmp_path, capsys, monkeypatch):
   """After a resume (or at a stop) the first window covers fewer steps than log_every: its

@@ -39,6 +39,11 @@ Hooks a schedule uses where a type needs something of its own (None: declined):
                                       the span's last output as the layers above and
                                       `carry` read it (T2MLR's skip to l_end); declined
                                       (or left undefined): o as it is
+    at_step(params, cfg, step, num_steps), fixed_leaves(cfg)
+                                      leaves the trainer sets before every step from
+                                      the step number (T2MLR's recurrent_weight
+                                      curriculum) and their names, which the optimizer
+                                      never updates; declined: none
 
 The span is `cfg.span` (T2MLR: l_start..l_end; LRT: 0..source layer): the
 layers that exact mode and decoding run token by token. Layers below it never see the

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import chex
 import jax
@@ -31,6 +31,7 @@ from t2mlr_jax.model.mixers import MIXERS, GateStats
 from t2mlr_jax.registry import RECURRENCES, RecurrenceType
 
 CACHE_NORMS = ("clipped_rms", "rmsnorm", "none")
+CURRICULUM_SCHEDULES = ("linear", "cosine", "exponential", "step")   # the release's four
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +58,9 @@ class T2MLRConfig(RecurrenceConfig):
   gate_gain: float = 1.0       # Xavier-normal gain of f_rec/f_cur (1e-2 for retrofit)
   mixer: str = "gated"         # the fusion Φ: a registered mixer (model/mixers.py)
   mixer_options: tuple = ()    # its options: (name, value) pairs or "name=value" strings
-  connection_detach: bool = False  # the state read under stop_gradient (the release's
-                                   # option: no gradient through the recurrent connection)
+  # the state read under stop_gradient (the release's option: no gradient through the
+  # recurrent connection)
+  connection_detach: bool = False
   # the release's recurrent_skip_to_l_end: l_end's output plus w·R_t at recurrent positions
   # (R_t as l_start read it), which the layers above and the state read; residual off
   skip_to_l_end: bool = False
@@ -67,6 +69,15 @@ class T2MLRConfig(RecurrenceConfig):
   skip_post_norm: bool = False      # the skip RMS-scaled (clipped, stop-gradient scale)
   skip_post_norm_eps: float = 1e-6
   skip_post_norm_clamp: float = 5.0
+  # the release's recurrent_weight curriculum: the mixer's fixed recurrent weight moved from
+  # start to end over warm-up steps (else ratio x train steps, else all of them), set by the
+  # trainer before every step (`at_step`); schedules in CURRICULUM_SCHEDULES
+  use_recurrent_weight_curriculum: bool = False
+  recurrent_weight_curriculum_start: float = 0.0       # the weight at step 0
+  recurrent_weight_curriculum_end: float = 1.0         # from the warm-up's end on
+  recurrent_weight_curriculum_schedule: str = "linear"   # its shape over the warm-up
+  recurrent_weight_curriculum_warmup_steps: Optional[int] = None   # None: by the ratio
+  recurrent_weight_curriculum_warmup_ratio: Optional[float] = None  # None: the whole run
 
   def __post_init__(self):
     if self.cache_norm not in CACHE_NORMS:
@@ -90,6 +101,24 @@ class T2MLRConfig(RecurrenceConfig):
     MIXERS.get(self.mixer, "recurrence.mixer")
     object.__setattr__(self, "mixer_options",
                        mixers.canonical_options(self.mixer, self.mixer_options))
+    self._check_curriculum()
+
+  def _check_curriculum(self) -> None:
+    prefix = "recurrence.recurrent_weight_curriculum_"
+    if self.recurrent_weight_curriculum_schedule not in CURRICULUM_SCHEDULES:
+      invalid(prefix + "schedule", self.recurrent_weight_curriculum_schedule,
+              f"one of {CURRICULUM_SCHEDULES}")
+    steps, ratio = (self.recurrent_weight_curriculum_warmup_steps,
+                    self.recurrent_weight_curriculum_warmup_ratio)
+    if steps is not None and (not isinstance(steps, int) or steps < 0):
+      invalid(prefix + "warmup_steps", steps, "None or an integer >= 0")
+    if ratio is not None and not 0.0 <= ratio <= 1.0:
+      invalid(prefix + "warmup_ratio", ratio, "None or a float in [0, 1]")
+    if steps is not None and ratio is not None:
+      raise ValueError(f"{prefix}warmup_steps={steps} and {prefix}warmup_ratio={ratio} are "
+                       "both set: allowed one of them (or neither: every train step)")
+    if self.use_recurrent_weight_curriculum:
+      mixers.check_fixed_weight(self)
 
   @property
   def gate_bias(self) -> float:
@@ -237,6 +266,51 @@ def scalars(params, cfg: ModelConfig) -> dict:
 
 def value_embed_rows(params, cfg: ModelConfig, tokens_BT):
   return None
+
+
+def curriculum_weight(rcfg: T2MLRConfig, step, num_steps: Optional[int]):
+  """The recurrent weight at (0-based) train step `step`, as the release's
+  RecurrentWeightCurriculumScheduler.get_value: start + (end - start)·f(step / warm-up),
+  f = p, (1 - cos πp)/2, p² or [p >= 1/2] (linear, cosine, exponential, step), the end
+  value from the warm-up's last step on. Traceable in `step`."""
+  warm = rcfg.recurrent_weight_curriculum_warmup_steps
+  if warm is None:
+    if num_steps is None:
+      raise ValueError("the recurrent_weight curriculum needs the run's train steps (its "
+                       "warm-up defaults to them): pass num_steps, or set recurrence."
+                       "recurrent_weight_curriculum_warmup_steps")
+    ratio = rcfg.recurrent_weight_curriculum_warmup_ratio
+    warm = num_steps if ratio is None else int(num_steps * ratio)
+  elif num_steps is not None and warm > num_steps:
+    invalid("recurrence.recurrent_weight_curriculum_warmup_steps", warm,
+            f"at most the run's {num_steps} train steps")
+  start, end = rcfg.recurrent_weight_curriculum_start, rcfg.recurrent_weight_curriculum_end
+  if warm == 0:
+    return jnp.float32(end)
+  p = jnp.clip(jnp.asarray(step, jnp.float32) / warm, 0.0, 1.0)
+  f = {"linear": lambda: p, "cosine": lambda: (1.0 - jnp.cos(p * math.pi)) / 2,
+       "exponential": lambda: p * p,
+       "step": lambda: (p >= 0.5).astype(jnp.float32)}[rcfg.recurrent_weight_curriculum_schedule]
+  return jnp.float32(start) + (end - start) * f()
+
+
+def at_step(params, cfg: ModelConfig, step, num_steps: Optional[int]):
+  """The trainer's hook before every step: with the curriculum on, the mixer's
+  `recurrent_weight` leaf set to the curriculum's value at `step` (what the step trains
+  with and a checkpoint then keeps); else the parameters as they are."""
+  rcfg = cfg.recurrence
+  if not rcfg.use_recurrent_weight_curriculum:
+    return params
+  rec = dict(params["recurrence"])
+  rec[mixers.FIXED_WEIGHT_LEAF] = curriculum_weight(rcfg, step, num_steps).astype(
+      rec[mixers.FIXED_WEIGHT_LEAF].dtype)
+  return {**params, "recurrence": rec}
+
+
+def fixed_leaves(cfg: ModelConfig) -> tuple:
+  """Leaves `at_step` sets, which the optimizer never updates."""
+  return ((mixers.FIXED_WEIGHT_LEAF,) if cfg.recurrence.use_recurrent_weight_curriculum
+          else ())
 
 
 def retrofit(rcfg: T2MLRConfig) -> T2MLRConfig:
