@@ -38,7 +38,7 @@ from t2mlr_jax.model.transformer import head, split_layers
 from t2mlr_jax.registry import family_of
 
 MIN_PROMPT_BUCKET = 16
-MIN_CACHE_BUCKET = 256     # a 128-slot bucket cost 11 programs at start; <1 ms a step at batch 1
+MIN_CACHE_BUCKET = 256     # a 128-slot bucket: 11 programs more at start (docs/serving.md)
 SERVING_MAX_LEN = 2048    # the default max_len: min(the model's context, this); docs/serving.md
 CACHE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 TOP_LOGPROBS = 5          # top alternatives kept per token (OpenAI's completions cap)
