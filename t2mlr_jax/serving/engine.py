@@ -582,6 +582,7 @@ def _programs(engine: Engine, prompt_buckets: Sequence[int], control_flows, echo
   engine runs for these prompt buckets: what `Engine.warmup` compiles."""
   cfg, seen, device = engine.cfg, set(), engine.device
   i32 = _spec(np.int32(0), device)
+  shapes = functools.lru_cache(maxsize=None)(lambda n: _prefill_spec(engine, n))  # once a length
   for P in prompt_buckets:
     tokens = _spec(np.zeros((1, P), np.int32), device)
     for cf in control_flows:
@@ -589,31 +590,31 @@ def _programs(engine: Engine, prompt_buckets: Sequence[int], control_flows, echo
       if (P, recurrent) not in seen:
         seen.add((P, recurrent))
         yield _prefill, (engine.params, cfg, tokens, i32, tokens, recurrent), {}
-    (kv, valid, *_), y = _prefill_spec(engine, P, hidden=True)
+    (kv, valid, *_), y = shapes(P)
     if any(echo):
       yield _score, (engine.params, cfg, y, tokens), {}
     for S in engine.cache_buckets:
       if S > P:
         yield _widen, (kv, valid, S), {}
   settings = _spec(_insert_settings(1, 0, CF_RECURRENT, Sampling(), True, device), device)
-  logits = _prefill_spec(engine, engine.cache_buckets[0])[4]
+  logits = shapes(engine.cache_buckets[0])[0][4]
   yield _first_token, (logits, *settings[3:7]), {}
   for B in engine.batch_buckets:
     rows = _spec(_empty_slots(cfg, B, 1, engine.cache_dtype)._replace(decode=None), device)
     yield _choose, (rows, _spec(np.zeros((B, cfg.vocab_size), np.float32), device)), {}
   for S in engine.cache_buckets:
-    pre = _prefill_spec(engine, S)
+    pre = shapes(S)[0]
     for B in engine.batch_buckets:
       slots = _spec(_empty_slots(cfg, B, S, engine.cache_dtype), device)
       yield _insert, (slots, *pre[:4], *settings, i32), {}
       yield _advance, (engine.params, engine.layers, cfg, slots.decode, slots.token, slots.cf), {}
 
 
-def _prefill_spec(engine: Engine, P: int, hidden: bool = False):
-  """Shapes of a prefill's (kv, valid, state, position, logits) of a P-token bucket (with
-  `hidden`: and of its last-layer output), on the engine's device."""
+def _prefill_spec(engine: Engine, P: int):
+  """Shapes of a prefill's ((kv, valid, state, position, logits), last-layer output) of a
+  P-token bucket, on the engine's device."""
   tokens = jax.ShapeDtypeStruct((1, P), jnp.int32)
   run = lambda params, tokens_1P, length: _prefill(params, engine.cfg, tokens_1P, length,
                                                    tokens_1P, False)
   out = jax.eval_shape(run, engine.params, tokens, jax.ShapeDtypeStruct((), jnp.int32))
-  return _spec(out if hidden else out[0], engine.device)
+  return _spec(out, engine.device)
