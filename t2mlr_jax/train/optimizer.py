@@ -265,6 +265,6 @@ def _frozen_labels(params, base: bool, fixed: tuple):
   (freeze_base_model) and on the recurrence's `fixed` leaves; 'train' elsewhere."""
   def label(path, leaf):
     if _in_recurrence(path):
-      return "frozen" if _keys(path)[-1] in fixed else "train"
+      return "frozen" if _leaf_name(path) in fixed else "train"
     return "frozen" if base else "train"
   return jax.tree_util.tree_map_with_path(label, params)
