@@ -99,3 +99,19 @@ def test_retrofit_at_gamma_zero_is_the_base_model(models):
                                                             gate_gain=1e-2))
   got = np.asarray(forward(rparams, rcfg.replace(max_seq_len=512), ids, mode="exact"))
   assert np.abs(got - base).max() < 1e-4
+
+
+def test_lrt_retrofit_is_the_base_model_at_step_zero(models):
+  """LRT added to the real SmolLM2 (init="identity": γ = 0, zero feedback weights) computes
+  the GGUF model: exact mode (memory fed back at every layer) equals the base logits."""
+  from t2mlr_jax import LRTConfig, forward
+  from t2mlr_jax.convert.gguf import from_gguf
+  path, cfg, params, tok, _, _ = models
+  ids = np.array([tok.encode(_chat(tok, PROMPTS[0]))])
+  base = np.asarray(forward(params, cfg, ids, mode="parallel"))
+  rcfg, rparams, _ = from_gguf(path, recurrence=LRTConfig(init="identity", source_layer=-2))
+  assert "memory" in rparams["layers"]
+  got = np.asarray(forward(rparams, rcfg.replace(max_seq_len=512), ids, mode="exact"))
+  # token by token against one parallel pass: fp32 sums in another order (logits ~30)
+  assert np.abs(got - base).max() < 1e-5 * np.abs(base).max()
+  assert (got.argmax(-1) == base.argmax(-1)).all()
