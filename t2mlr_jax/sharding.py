@@ -209,8 +209,8 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
 
 
 def constrain_batch(x):
-  """x with its leading (batch) axis constrained to ('data', 'fsdp') and the rest
-  replicated, when traced under a mesh with those axes (`jax.sharding.use_abstract_mesh`,
+  """x (an array or a pytree of them: a recurrent state) with its leading (batch) axis
+  constrained to ('data', 'fsdp') and the rest replicated, when traced under a mesh with those axes (`jax.sharding.use_abstract_mesh`,
   as the train step is); unchanged otherwise, or when the batch does not divide. Applied
   at layer boundaries and on the Jacobi / interleaved carries, so activations keep the
   batch layout whatever XLA's propagation would pick."""
@@ -218,9 +218,13 @@ def constrain_batch(x):
   if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
     return x
   axes = batch_axes(mesh)
-  if x.shape[0] % math.prod(mesh.shape[a] for a in axes):
-    return x
-  return jax.lax.with_sharding_constraint(x, P(axes, *([None] * (x.ndim - 1))))
+  n = math.prod(mesh.shape[a] for a in axes)
+
+  def one(a):
+    if a.shape[0] % n:
+      return a
+    return jax.lax.with_sharding_constraint(a, P(axes, *([None] * (a.ndim - 1))))
+  return jax.tree.map(one, x)
 
 
 def shard_eval_batch(batch: dict, mesh: Optional[Mesh], pad_values: dict):

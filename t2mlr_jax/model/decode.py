@@ -1,8 +1,8 @@
 """Decoding: exact prefill, then one token per step with a preallocated KV cache.
 
-The decode state is a pytree: per-layer KV caches, the one D-vector of
-recurrent state per sequence (what the recurrence type carries: T2MLR's R_t, LRT's
-fed-back output, `recurrence/__init__.py`), which cache slots hold real
+The decode state is a pytree: per-layer KV caches, the recurrent state of each sequence
+(what the recurrence type carries, shaped as its `zero_state`: T2MLR's R_t, LRT's
+fed-back output, one D-vector each, `recurrence/__init__.py`), which cache slots hold real
 tokens, the next slot and each row's next position id. Prompts are left-padded (real tokens
 right-aligned, as Hugging Face does with padding_side="left"), so every row
 writes the same cache slot at every step. Generation runs under one jit as a
@@ -24,7 +24,7 @@ from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
 from t2mlr_jax.model.layers import KV, attention_mask, rope_tables, to_cache
 from t2mlr_jax.model.modes import SeqInputs, check_tokens, exact, parallel
 from t2mlr_jax.model.sequence import side_inputs
-from t2mlr_jax.model.span import run_span
+from t2mlr_jax.model.span import at_time, run_span, with_time
 from t2mlr_jax.model.transformer import (
   LayerCtx,
   embed,
@@ -44,7 +44,7 @@ def prefill_modes() -> tuple[str, ...]:
 
 class DecodeState(NamedTuple):
   kv: tuple           # per layer: KV, each [B·N_kv, S, K] (layers.to_cache)
-  state: jnp.ndarray  # [B, D] fp32 recurrent state (zeros without recurrence)
+  state: object       # the recurrent state, leaves [B, ...] (the type's zero_state's shape)
   valid: jnp.ndarray  # [B, S] bool: slot holds a real (non-padding) token
   index: jnp.ndarray  # int32 scalar: the next slot to write
   positions: jnp.ndarray  # [B] int32: the next token's position id
@@ -109,10 +109,10 @@ def decode_step(params, cfg: ModelConfig, dec: DecodeState, token_B, layers=None
     ctx = LayerCtx(rope, mask, side, value_embed_inputs(params, cfg, tok))
     if name == "middle":         # the span reads the state the previous token left
       rtype = recurrence.of(cfg)
-      prev_B1D = rtype.read(cfg, state_BD[:, None], pos, jnp.broadcast_to(idx, pos.shape))
+      prev_B1D = rtype.read(cfg, with_time(state_BD), pos, jnp.broadcast_to(idx, pos.shape))
       out = run_span(params, cfg, (lo, layers[lo:hi]), x, prev_B1D, ctx, cf,
                      kvs=dec.kv[lo:hi], index=idx, kv_source="cache")
-      x, caches, state_BD = out.o, out.kv, out.state[:, 0]
+      x, caches, state_BD = out.o, out.kv, at_time(out.state, 0)
       mem = None if out.ctx.side is None else out.ctx.side.memory   # the layers above read it
     else:
       x, caches = run_layers(layers[lo:hi], cfg, x, ctx, lo, dec.kv[lo:hi], idx,

@@ -37,7 +37,7 @@ from t2mlr_jax.model.sequence import (
   side_inputs,
   stacked,
 )
-from t2mlr_jax.model.span import exit_span
+from t2mlr_jax.model.span import at_time, exit_span, with_time
 from t2mlr_jax.model.transformer import LayerCtx, embed, value_embed_inputs
 
 BUILTIN_MODES = ("parallel", "exact")      # every other mode is a registered schedule
@@ -83,9 +83,9 @@ def parallel(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: boo
          for name, lo, hi in cfg.segments}
   _, _, span_end = next(s for s in cfg.segments if s[0] == "middle")
   B = tokens_BT.shape[0]
-  state = recurrence.of(cfg).carry(params, cfg, last[span_end - 1],
-                                   recurrence.zero_state(cfg, B)[:, None],
-                                   inp.control_flow[:, -1:])[:, 0]
+  state = at_time(recurrence.of(cfg).carry(params, cfg, last[span_end - 1],
+                                           with_time(recurrence.zero_state(cfg, B)),
+                                           inp.control_flow[:, -1:]), 0)
   return ModeOut(logits(params, cfg, x, last_only, hidden), {}, kvs, state)
 
 
@@ -129,7 +129,7 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
   def step(carry, xs):
     state_BD, caches = carry
     h_B1D, cf_B1, pos_B1, rope_t, mask_B1S, t, x0_B1D, tok_B1, skip, o_pre_B1D, kv_pre_t = xs
-    prev_B1D = rtype.read(cfg, state_BD[:, None, :], pos_B1, jnp.broadcast_to(t, pos_B1.shape))
+    prev_B1D = rtype.read(cfg, with_time(state_BD), pos_B1, jnp.broadcast_to(t, pos_B1.shape))
     x, stats = rtype.enter(params, cfg, h_B1D, prev_B1D, cf_B1)
     mem = rtype.memory(cfg, prev_B1D, cf_B1)
     side = side_inputs(params, cfg, x0_B1D, tok_B1, (t - dist)[None, None], mem)
@@ -145,7 +145,7 @@ def exact(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, last_only: bool =
 
     o, caches = jax.lax.cond(skip, take, run, caches)
     o = exit_span(params, cfg, o, prev_B1D, cf_B1)
-    state_BD = rtype.carry(params, cfg, o, prev_B1D, cf_B1)[:, 0]
+    state_BD = at_time(rtype.carry(params, cfg, o, prev_B1D, cf_B1), 0)
     return (state_BD, caches), (o[:, 0], stats, None if mem is None else mem[:, 0])
 
   time_major = lambda a: None if a is None else jnp.swapaxes(a, 0, 1)[:, :, None]

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.control_flow import CF_PAD, CF_PLAIN, CF_RECURRENT
 from t2mlr_jax.model.decode import DecodeState, decode_step, prefill
 from t2mlr_jax.model.layers import KV
@@ -92,7 +93,7 @@ class Prefilled(NamedTuple):
   """One prompt run through the model, its cache at the engine's cache length."""
   kv: tuple                 # per layer KV, each [N_kv, S, K]; the prompt in slots [0, P)
   valid: jnp.ndarray        # [S] bool (the left padding of its bucket: False)
-  state: jnp.ndarray        # [D] the recurrent state the prompt leaves
+  state: object             # the recurrent state the prompt leaves (the type's, unbatched)
   position: jnp.ndarray     # int32: the next token's position id
   logits: jnp.ndarray       # [V] the last position's
   length: int               # L real tokens, the last L of the bucket
@@ -179,7 +180,8 @@ def _prefill(params, cfg, tokens_1P, length, cf_1P, recurrent: bool):
                        hidden=True)
   kv = tuple(KV(c.k, c.v) for c in dec.kv)
   last = head(params, cfg, y_1PD[:, -1:])[0, 0]
-  return (kv, dec.valid[0], dec.state[0], dec.positions[0], last), y_1PD[0]
+  return (kv, dec.valid[0], jax.tree.map(lambda a: a[0], dec.state), dec.positions[0],
+          last), y_1PD[0]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -223,8 +225,8 @@ def _insert(slots: Slots, kv, valid_S, state_D, position, prompt_bucket, row, cf
         cache.dtype), row * N, axis=0)
   caches = tuple(KV(put(c.k, n.k), put(c.v, n.v)) for c, n in zip(dec.kv, kv))
   valid = dec.valid.at[row].set(jnp.roll(valid_S, shift))
-  dec = DecodeState(caches, dec.state.at[row].set(state_D.astype(dec.state.dtype)), valid,
-                    dec.index, dec.positions.at[row].set(position))
+  state = jax.tree.map(lambda a, n: a.at[row].set(n.astype(a.dtype)), dec.state, state_D)
+  dec = DecodeState(caches, state, valid, dec.index, dec.positions.at[row].set(position))
   return Slots(dec, slots.token.at[row].set(first), slots.cf.at[row].set(cf),
                slots.temperature.at[row].set(temperature), slots.top_k.at[row].set(top_k),
                slots.top_p.at[row].set(top_p), slots.key.at[row].set(key),
@@ -255,7 +257,9 @@ def _empty_slots(cfg, batch: int, cache_len: int, dtype) -> Slots:
   `dtype`."""
   zeros = np.zeros((batch * cfg.n_kv_heads, cache_len, cfg.head_dim), dtype)
   caches = tuple(KV(zeros, zeros) for _ in range(cfg.n_layers))
-  dec = DecodeState(caches, np.zeros((batch, cfg.d_model), np.float32),
+  state = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
+                       jax.eval_shape(lambda: recurrence.zero_state(cfg, batch)))
+  dec = DecodeState(caches, state,
                     np.zeros((batch, cache_len), bool), np.int32(0),
                     np.zeros((batch,), np.int32))
   return Slots(dec, np.zeros(batch, np.int32), np.full(batch, CF_RECURRENT, np.int32),
@@ -290,7 +294,8 @@ def _moved_slots(old: Slots, new: Slots, order: Sequence[int], longest: int,
     a_new = a_new.copy()
     a_new[:n] = rows_of(a_old)
     return a_new
-  dec = DecodeState(caches, pick(old.decode.state, new.decode.state), valid, np.int32(new_index),
+  state = jax.tree.map(pick, old.decode.state, new.decode.state)
+  dec = DecodeState(caches, state, valid, np.int32(new_index),
                     pick(old.decode.positions, new.decode.positions))
   fields = [pick(getattr(old, f), getattr(new, f)) for f in Slots._fields[1:]]
   return Slots(dec, *fields)

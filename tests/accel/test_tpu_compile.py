@@ -266,6 +266,29 @@ def test_a_user_modules_type_and_schedule_compile_for_tpu(tmp_path):
 
 @pytest.mark.tpu_compile
 @needs_libtpu
+@pytest.mark.parametrize("example", ["two_step", "low_rank_mixer"])
+def test_a_two_vector_state_and_a_users_mixer_compile_for_tpu(tmp_path, example):
+  """docs/examples' two-vector-state type and its own mixer: the train, eval and decode
+  steps compile for a v5e slice (the state's leaves laid out over the batch axes)."""
+  examples = os.path.join(ROOT, "docs", "examples")
+  config = {"two_step": (f"--config={examples}/s5_two_step.py:tiny",),
+            "low_rank_mixer": ("--config=configs/s5_retrieval.py:tiny",
+                               "--config.model.recurrence.mixer=low_rank")}[example]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+  out = tmp_path / "fit.json"
+  p = subprocess.run([sys.executable, "-m", "t2mlr_jax.compile",
+                      f"--user_module={examples}/{example}.py", *config, "--topology=v5e:2x2",
+                      "--steps=train,eval,decode",
+                      f"--output={out}"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stderr[-2000:]
+  report = json.loads(out.read_text())
+  assert report["fits"], report
+  assert {s["step"] for s in report["steps"]} == {"train", "eval", "decode"}, report
+
+
+@pytest.mark.tpu_compile
+@needs_libtpu
 def test_the_clis_skip_the_tpu_backend_on_a_host_without_tpus():
   """With jax[tpu] installed and JAX_PLATFORMS unset, JAX would try libtpu's backend first
   and print its initialisation errors; the command-line tools leave it out."""

@@ -1,6 +1,9 @@
 """The recurrence types behind one interface that every mode and schedule shares.
 
-A recurrence carries one fp32 vector per sequence from token t−1 to token t. Each type
+A recurrence carries a state per sequence from token t−1 to token t: whatever pytree
+the type's `zero_state(cfg, B)` returns (T2MLR, LRT: one fp32 [B, D] array; a type may
+carry several vectors or a matrix), handed to its functions with a time axis after the
+batch ([B, T, ...] leaves) and moved only through `span.py`'s helpers elsewhere. Each type
 is one module here (`t2mlr.py`, `lrt.py`) answering the same questions; the modes
 (`modes.py`, `decode.py`) and the training schedules (`schedules/`) only orchestrate
 them, through `span.py` (the recurrent span run over all positions, and the state each
@@ -12,7 +15,8 @@ anywhere (a user's file: `--user_module`). "none" (`none.py`) is the model witho
     init_params(cfg, rng)             what it adds to the parameters outside the layers
                                       (None if nothing); `layer_module` (a Linen module
                                       or None) adds per-layer parameters inside `Block`
-    zero_state(cfg, B)                the state before the first token
+    zero_state(cfg, B)                the state before the first token (its shape:
+                                      any pytree of [B, ...] arrays)
     read(cfg, state, positions, slots)  the state a position sees (zero at a reset)
     enter(params, cfg, h, state, cf)  how the state enters the residual stream at the first
                                       layer of the recurrent span -> (h, stats)

@@ -30,7 +30,7 @@ from t2mlr_jax.losses import cross_entropy, supervised
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.layers import rope_tables
 from t2mlr_jax.model.sequence import ModeOut, SeqInputs, context, segments, side_inputs
-from t2mlr_jax.model.span import previous_states, run_span, zero_states
+from t2mlr_jax.model.span import at_time, previous_states, run_span, set_time, zero_states
 from t2mlr_jax.model.transformer import LayerCtx, embed, head, run_layers
 from t2mlr_jax.registry import SCHEDULES, Schedule
 from t2mlr_jax.sharding import constrain_batch
@@ -88,8 +88,8 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
                      kv_refresh: bool) -> ModeOut:
   """Pass 0 over every position, then one pass per position set in `sets`. ModeOut:
   merged logits [B, T, V] (each position from the last pass that computed it); aux:
-  pass_logits (pass 0 [B, T, V], pass p [B, |T_p|, V]), h_final [B, T, D] (the merged
-  states after the last pass) and the type's metrics, position-weighted over passes
+  pass_logits (pass 0 [B, T, V], pass p [B, |T_p|, V]), h_final (leaves [B, T, ...]: the
+  merged states after the last pass) and the type's metrics, position-weighted over passes
   1..pos (LRT: gate_means [L, 3], local / fb / ve; T2MLR: gate_rec, gate_cur)."""
   B, T = tokens_BT.shape
   rtype = recurrence.of(cfg)
@@ -145,10 +145,10 @@ def refine_in_passes(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, sets: 
         new_bufs.append(layer_buf)
         continue
       if name == "middle":
-        out = run_span(params, cfg, segs[name], x, prev[:, pos], pctx, cf_pos, kvs=layer_buf,
+        out = run_span(params, cfg, segs[name], x, at_time(prev, pos), pctx, cf_pos, kvs=layer_buf,
                        index=pos, kv_source="buffer", memory=m_pos)
         x, (nb, coll), span_stats, pctx = out.o, out.kv, out.stats, out.ctx
-        states = constrain_batch(states.at[:, pos].set(out.state))
+        states = constrain_batch(set_time(states, pos, out.state))
       else:
         x, (nb, coll) = run_layers(segs[name][1], cfg, x, pctx, lo, layer_buf, pos,
                                    kv_source="buffer")

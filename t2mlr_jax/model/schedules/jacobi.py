@@ -29,7 +29,13 @@ from t2mlr_jax.model.sequence import (
   segments,
   stacked,
 )
-from t2mlr_jax.model.span import previous_states, run_span, zero_states
+from t2mlr_jax.model.span import (
+  at_time,
+  max_change,
+  previous_states,
+  run_span,
+  zero_states,
+)
 from t2mlr_jax.model.transformer import embed
 from t2mlr_jax.registry import SCHEDULES, Schedule
 from t2mlr_jax.sharding import constrain_batch
@@ -54,10 +60,6 @@ class JacobiOptions:
       invalid("jacobi_tol", self.jacobi_tol, "None or a float > 0")
     object.__setattr__(self, "d_forward", int(self.d_forward))
     object.__setattr__(self, "d_backward", int(self.d_backward))
-
-
-def _max_abs(a):
-  return jnp.max(jnp.abs(a))
 
 
 def _first_guess(params, cfg, span, h_lo, ctx, inp: SeqInputs):
@@ -87,7 +89,7 @@ def _iterate(sweep, prev, delta, max_sweeps, tol):
     def body(_, carry):
       prev, _ = carry
       prev_new = sweep(prev)
-      return prev_new, _max_abs(prev_new - prev)
+      return prev_new, max_change(prev_new, prev)
     prev, delta = jax.lax.fori_loop(0, max_sweeps, body, (prev, delta))
     return prev, delta, jnp.asarray(max_sweeps, jnp.int32)
 
@@ -98,7 +100,7 @@ def _iterate(sweep, prev, delta, max_sweeps, tol):
   def wbody(carry):
     i, prev, _ = carry
     prev_new = sweep(prev)
-    return i + 1, prev_new, _max_abs(prev_new - prev)
+    return i + 1, prev_new, max_change(prev_new, prev)
   # The first sweep always runs: max|prev_0| (sweep 0's states against zero ones) says
   # nothing about convergence, and stopping on it skipped every sweep for a loose tol.
   n_run, prev, delta = jax.lax.while_loop(
@@ -138,7 +140,7 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
     prev = _first_guess(params, cfg, (first, p_mid), h_lo, ctx, inp)
   else:
     prev = sg(_first_guess(sg(params), cfg, (first, sg(p_mid)), sg(h_lo), ctx_sg, inp))
-  delta = _max_abs(prev)
+  delta = max_change(prev)
 
   # No-gradient sweeps: stop-gradient inputs and parameters keep no activations.
   n_run = jnp.asarray(0, jnp.int32)
@@ -152,7 +154,7 @@ def jacobi(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, d_forward: int,
   if n_grad:
     def gbody(prev, _):
       prev_new = _sweep(params, cfg, (first, p_mid), h_lo, prev, ctx, inp)
-      return prev_new, _max_abs(prev_new - prev)
+      return prev_new, max_change(prev_new, prev)
     prev, deltas = jax.lax.scan(gbody, prev, None, length=n_grad)
     delta = deltas[-1]
 
@@ -179,11 +181,12 @@ def jacobi_prefill(params, cfg: ModelConfig, tokens_BT, inp: SeqInputs, tol: Opt
   span = segs["middle"]
   prev = _first_guess(params, cfg, span, h_lo, ctx, inp)
   sweep = lambda prev: _sweep(params, cfg, span, h_lo, prev, ctx, inp)
-  prev, delta, n_run = _iterate(sweep, prev, _max_abs(prev), T - 1, tol)
+  prev, delta, n_run = _iterate(sweep, prev, max_change(prev), T - 1, tol)
   out = run_span(params, cfg, span, h_lo, prev, ctx, cf)
   kv_mid = stacked(out.kv)
   y, kv_up = run_segment(segs, cfg, "upper", out.o, out.ctx)
-  state_BD = rtype.carry(params, cfg, out.o[:, -1:], prev[:, -1:], cf[:, -1:])[:, 0]
+  state_BD = at_time(rtype.carry(params, cfg, out.o[:, -1:], at_time(prev, slice(-1, None)),
+                                 cf[:, -1:]), 0)
   kvs = {k: v for k, v in (("lower", kv_lo), ("middle", kv_mid), ("upper", kv_up))
          if v is not None}
   aux = {"jacobi_residual": delta, "jacobi_sweeps": 1 + n_run, **rtype.stats(out.stats, cf)}
