@@ -93,7 +93,8 @@ def main(argv):
     summary, per_example = jobs.evaluate_downstream(
         _TASK.value, _DATA.value, _MODEL.value, _TOKENIZER.value, limit=_LIMIT.value,
         chat=_CHAT.value, max_new_tokens=_MAX_NEW.value, batch_size=_BATCH.value,
-        prompt_control_flow=_PROMPT_CF.value, add_bos=_BOS.value, labels=_LABELS.value)
+        prompt_control_flow=_PROMPT_CF.value, add_bos=_BOS.value, labels=_LABELS.value,
+        own=tasks.own_tokenizer)
     if _OUTPUT.value:
       out = paths.resolve(_OUTPUT.value)
       out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,9 @@ def main(argv=None) -> None:
   cli.require_extra(("lm_eval",), "python -m t2mlr_jax.lm_eval", "lm-eval", "eval")
   from lm_eval.__main__ import cli_evaluate
 
-  from t2mlr_jax.eval.lm_harness import T2MLRLM  # noqa: F401  (registers `t2mlr_jax`)
+  from t2mlr_jax.eval.lm_harness import T2MLRLM  # registers `t2mlr_jax`
+  from t2mlr_jax.train import tasks
+  T2MLRLM.own_tokenizer = tasks.own_tokenizer     # a task workdir's own vocabulary
   args = list(sys.argv[1:] if argv is None else argv)
   for path in registry.user_modules_in(args):
     registry.import_user_module(path)

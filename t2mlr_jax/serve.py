@@ -52,6 +52,7 @@ def main(argv=None):
     cli.check_step(model.value, step.value)
     # the library (and JAX) load once the flags parse: argument errors print at once
     from t2mlr_jax.serving.server import serve_model
+    from t2mlr_jax.train import tasks
     serve_model(model.value, step=step.value, tokenizer=tokenizer.value, dtype=dtype.value,
                 host=host.value, port=port.value, max_batch=max_batch.value,
                 max_len=max_len.value, max_queue=max_queue.value, api_key=api_key.value,
@@ -59,7 +60,8 @@ def main(argv=None):
                 prompt_control_flow=None if cf.value is None else int(cf.value),
                 warmup_lengths=None if warmup.value is None else tuple(
                     int(n) for n in warmup.value),
-                cache_dtype=cache_dtype.value, compile_cache=compile_cache.value)
+                cache_dtype=cache_dtype.value, compile_cache=compile_cache.value,
+                own=tasks.own_tokenizer)
 
   cli.run(run, argv)
 

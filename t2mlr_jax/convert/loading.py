@@ -6,8 +6,8 @@
 The sources: a GGUF file (its own tokenizer, rebuilt from the metadata), a Hugging Face
 directory or a parameter export (the tokenizer files beside the weights), a training
 workdir (its task's own vocabulary when `own` is given: S5's, from
-`train.tasks.own_tokenizer`, which chat passes; an lm run's prepared-data copy of its
-tokenizer; else `data.tokenizer` or `model.init_from` of its saved config). `tokenizer=`
+`train.tasks.own_tokenizer`, which the commands chat, serve, evaluate and lm_eval pass;
+an lm run's prepared-data copy of its tokenizer; else `data.tokenizer` or `model.init_from` of its saved config). `tokenizer=`
 overrides the search; a model without a tokenizer is an error naming every place that
 was looked at.
 

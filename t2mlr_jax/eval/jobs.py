@@ -56,12 +56,13 @@ def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
 
 def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, chat=False,
                         max_new_tokens=512, batch_size=8, prompt_control_flow=1,
-                        add_bos=False, labels=None):
+                        add_bos=False, labels=None, own=None):
   """Score a model (any source `loading` opens) on a downstream task: generation
   tasks (GSM8K-style `###` answers) by greedy decoding, multiple-choice tasks by the
-  summed log-likelihood of each choice. Returns the task's metrics dict."""
+  summed log-likelihood of each choice. Returns the task's metrics dict. `own`: a training
+  workdir's task vocabulary, as `loading.find_tokenizer` takes it."""
   cfg, params, found = loading.load_model_and_tokenizer(model, tokenizer=tokenizer_dir,
-                                                        field="--model")
+                                                        field="--model", own=own)
   tokenizer = found.tokenizer
   if task in downstream.GENERATION_TASKS:
     records = sft.read_records(data)[:limit]   # JSONL or tfds:NAME:SPLIT

@@ -171,13 +171,15 @@ def serve_model(model: str, *, step: Optional[int] = None, tokenizer: Optional[s
                 api_key: Optional[str] = None, name: Optional[str] = None,
                 prompt_control_flow: Optional[int] = None,
                 warmup_lengths: Optional[tuple[int, ...]] = None,
-                cache_dtype: Optional[str] = None, compile_cache: Optional[str] = None) -> None:
+                cache_dtype: Optional[str] = None, compile_cache: Optional[str] = None,
+                own=None) -> None:
   """Load `model` (any source `loading` opens), compile the engine's programs (every
   prompt bucket, or `warmup_lengths`' buckets; cached in `compile_cache`), and serve it in
-  the foreground until SIGTERM or Ctrl-C, finishing the requests in flight."""
+  the foreground until SIGTERM or Ctrl-C, finishing the requests in flight. `own`: a
+  training workdir's task vocabulary, as `loading.find_tokenizer` takes it."""
   cache_dir = use_compile_cache(compile_cache)
   cfg, params, found = load_model_and_tokenizer(model, step, tokenizer, dtype=dtype,
-                                                field="--model")
+                                                field="--model", own=own)
   if max_len is not None and not 2 <= max_len <= cfg.max_seq_len:
     raise ValueError(f"--max_len={max_len} is invalid: allowed 2..{cfg.max_seq_len} (the "
                      "model's context)")

@@ -602,3 +602,30 @@ def test_official_checkpoints_score_through_an_export(tmp_path):
       ctx, cont = lm._encode_pair(*req.args)
       assert ll == pytest.approx(_loss_loglik(cfg, params, ctx, cont, T=16),
                                  abs=TOL * len(cont)), name
+
+
+def test_a_task_workdir_is_read_with_its_own_vocabulary(tmp_path, monkeypatch):
+  """`python -m t2mlr_jax.lm_eval` hands the model class the trainer's task vocabularies,
+  so `path=WORKDIR` of the default job (S5, no tokenizer.json) loads with S5's own;
+  without them, the one-line reason."""
+  from t2mlr_jax import lm_eval as command
+  from t2mlr_jax.checkpoint import Checkpointer
+  from t2mlr_jax.data.s5_group import S5Tokenizer
+  from t2mlr_jax.train import tasks
+
+  from _util import config_file, tiny_cfg
+  from test_checkpoint import data_iterator, train_state
+  run = str(tmp_path / "s5")
+  ckpt = Checkpointer(run, async_save=False)
+  ckpt.save(1, train_state(tiny_cfg(vocab_size=188), 1), data_iterator(),
+            config_file("s5_retrieval", "tiny").to_dict(), tiny_cfg(vocab_size=188))
+  ckpt.close()
+  monkeypatch.setattr(T2MLRLM, "own_tokenizer", None)
+  with pytest.raises(ValueError, match="no tokenizer found .*; pass tokenizer=DIR"):
+    T2MLRLM(path=run)
+  with pytest.raises(SystemExit):
+    command.main(["--help"])                  # lm-eval's help: the command's setup ran
+  assert T2MLRLM.own_tokenizer is tasks.own_tokenizer
+  lm = T2MLRLM(path=run, batch_size=1)
+  assert isinstance(lm.tok.tok, S5Tokenizer) and lm.tok.name == "data.task=s5_retrieval"
+  assert lm.tok_encode("ab|cd|") == S5Tokenizer().encode("ab|cd|")

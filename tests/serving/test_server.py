@@ -560,3 +560,51 @@ def test_content_as_text_parts_and_null_assistant_content_are_served(model, runn
     got, out, _ = running.post("/v1/chat/completions", {"messages": messages})
     assert got == 400 and out["error"]["message"].startswith(said), out
     assert out["error"]["param"] == "messages"
+
+
+def test_the_command_line_serves_a_task_workdir_with_its_own_vocabulary(tmp_path):
+  """`serve --model=WORKDIR` of the default job (S5: no tokenizer.json anywhere) reads its
+  task's own vocabulary, as chat does: a completion of an S5 prompt comes back in it."""
+  import subprocess
+  import sys
+
+  from t2mlr_jax.checkpoint import Checkpointer
+  from t2mlr_jax.data.s5_group import TOKENIZER
+
+  from _util import config_file, tiny_cfg
+  from test_checkpoint import data_iterator, train_state
+  run = str(tmp_path / "s5")
+  cfg = tiny_cfg(vocab_size=TOKENIZER.vocab_size)
+  ckpt = Checkpointer(run, async_save=False)
+  ckpt.save(1, train_state(cfg, 1), data_iterator(), config_file("s5_retrieval", "tiny").to_dict(),
+            cfg)
+  ckpt.close()
+  port = _free_port()
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "t2mlr_jax.serve", f"--model={run}", f"--port={port}",
+       "--max_batch=1", "--max_len=32", "--warmup_lengths=8", "--name=s5",
+       "--compile_cache="], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True)
+  try:
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+      try:
+        with urllib.request.urlopen(base + "/health", timeout=2) as r:
+          if r.status == 200:
+            break
+      except (urllib.error.URLError, ConnectionError):
+        time.sleep(0.2)
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(
+        {"model": "s5", "prompt": "ab|cd|<A_21345>", "max_tokens": 3, "temperature": 0,
+         "ignore_eos": True}).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+      body = json.loads(r.read())
+    assert body["usage"]["prompt_tokens"] == len(TOKENIZER.encode("ab|cd|<A_21345>"))
+    assert body["usage"]["completion_tokens"] == 3
+    TOKENIZER.encode(body["choices"][0]["text"])       # text of the S5 vocabulary
+  finally:
+    if proc.poll() is None:
+      proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+  assert proc.returncode == 0, out                      # SIGTERM: a clean exit
