@@ -23,7 +23,7 @@ def main(argv=None) -> None:
 
   from t2mlr_jax.eval.lm_harness import T2MLRLM  # registers `t2mlr_jax`
   from t2mlr_jax.train import tasks
-  T2MLRLM.own_tokenizer = tasks.own_tokenizer     # a task workdir's own vocabulary
+  T2MLRLM.own_tokenizer = staticmethod(tasks.own_tokenizer)   # a task workdir's vocabulary
   args = list(sys.argv[1:] if argv is None else argv)
   for path in registry.user_modules_in(args):
     registry.import_user_module(path)

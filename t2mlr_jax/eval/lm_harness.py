@@ -125,9 +125,7 @@ def _check_options(batch_size, dtype, prompt_control_flow, add_bos):
 @register_model("t2mlr_jax")
 class T2MLRLM(TemplateLM):
   """A T2MLR, LRT or plain transformer of this library behind lm-eval's `TemplateLM`."""
-  # a training workdir's task vocabulary (`loading.find_tokenizer`'s `own`): the command
-  # (`python -m t2mlr_jax.lm_eval`) sets the trainer's tasks' lookup, which eval cannot import
-  own_tokenizer: Optional[Callable] = None
+  own_tokenizer: Optional[Callable] = None   # a task's vocabulary: set by the lm_eval command
 
   def __init__(self, path: Optional[str] = None, step=None, tokenizer: Optional[str] = None,
                batch_size=8, mode: str = "exact", dtype: Optional[str] = None,
@@ -139,8 +137,7 @@ class T2MLRLM(TemplateLM):
       raise ValueError("model_args path is required: a GGUF file, a Hugging Face "
                        "directory, a parameter export or a training workdir")
     step = None if step is None else _as_int("step", step, "a saved step (an integer)")
-    cfg, params, found = load_model_and_tokenizer(str(path), step, tokenizer,
-                                                  own=type(self).own_tokenizer)
+    cfg, params, found = load_model_and_tokenizer(str(path), step, tokenizer, own=self.own_tokenizer)
     if add_bos is None and found.documents_start_with_bos:
       add_bos = True
     self._setup(cfg, params, found.tokenizer, found.source, batch_size=batch_size,
