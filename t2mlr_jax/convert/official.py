@@ -20,6 +20,7 @@ to kernels, a norm's weight to its scale, `Sequential` layers to `layer_i` in or
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any, Mapping, Union
@@ -27,6 +28,7 @@ from typing import Any, Mapping, Union
 import numpy as np
 from safetensors.numpy import load_file
 
+from t2mlr_jax.config import field_types
 from t2mlr_jax.convert import hf
 from t2mlr_jax.model import mixers
 from t2mlr_jax.model.recurrence.t2mlr import T2MLRConfig
@@ -158,3 +160,76 @@ def _leaf_paths(tree, prefix=()):
       yield from _leaf_paths(v, prefix + (k,))
     else:
       yield prefix + (k,)
+
+
+# The release's recurrence settings (its T2MLRSettings, saved in a checkpoint's config.json)
+# with their defaults there, and the T2MLRConfig field each is; the cache post-norm and the
+# mixer's keys are mapped apart (`settings_from_official`).
+RELEASE_SETTINGS = (
+    ("connection_detach", False, "connection_detach"),
+    ("recurrent_residual_to_recurrent_cache", False, "residual"),
+    ("recurrent_residual_to_recurrent_cache_weight", 1.0, "residual_weight"),
+    ("recurrent_residual_to_recurrent_cache_detach", False, "residual_detach"),
+    ("recurrent_residual_to_recurrent_cache_post_norm_eps", 1e-6, "cache_norm_eps"),
+    ("recurrent_residual_to_recurrent_cache_post_norm_clamp", 5.0, "cache_norm_clip"),
+    ("recurrent_skip_to_l_end", False, "skip_to_l_end"),
+    ("recurrent_skip_to_l_end_weight", 1.0, "skip_weight"),
+    ("recurrent_skip_to_l_end_detach", False, "skip_detach"),
+    ("recurrent_skip_to_l_end_post_norm", False, "skip_post_norm"),
+    ("recurrent_skip_to_l_end_post_norm_eps", 1e-6, "skip_post_norm_eps"),
+    ("recurrent_skip_to_l_end_post_norm_clamp", 5.0, "skip_post_norm_clamp"),
+    ("use_recurrent_weight_curriculum", False, "use_recurrent_weight_curriculum"),
+    ("recurrent_weight_curriculum_start", 0.0, "recurrent_weight_curriculum_start"),
+    ("recurrent_weight_curriculum_end", 1.0, "recurrent_weight_curriculum_end"),
+    ("recurrent_weight_curriculum_schedule", "linear", "recurrent_weight_curriculum_schedule"),
+    ("recurrent_weight_curriculum_warmup_steps", None,
+     "recurrent_weight_curriculum_warmup_steps"),
+    ("recurrent_weight_curriculum_warmup_ratio", None,
+     "recurrent_weight_curriculum_warmup_ratio"),
+)
+# the release's defaults of the settings its mixing modules read (`from_config`)
+RELEASE_MIXER_DEFAULTS = dict(
+    recurrent_weight=1.0, recurrent_alpha=0.5, use_recurrent_projection=False,
+    recurrent_projection_dim=None, recurrent_state_proj_type="auto",
+    recurrent_state_mlp_hidden_dim=None, recurrent_state_mlp_num_layers=2,
+    recurrent_state_mlp_activation="gelu", recurrent_state_mlp_dropout=0.0,
+    use_learnable_gate=False, use_learnable_recurrent_gate=None, use_learnable_input_gate=None,
+    normalize_gates=False, recurrent_gate_init=0.2, input_gate_init=0.8,
+    gate_weight_init_std=1e-3, gate_proj_type="linear", gate_mlp_hidden_dim=None,
+    gate_mlp_num_layers=2, gate_mlp_activation="gelu", gate_mlp_dropout=0.0,
+    pre_norm_streams=False, pre_norm_type="rmsnorm", post_norm=False, post_norm_eps=1e-6,
+    post_norm_clamp=5.0, concat_recurrent=False)
+
+
+# Settings the release's mixers never read: their forward takes the fixed weights from
+# call arguments the wrapper never passes (gated: recurrent_weight 1.0, orig_weight 0.0;
+# alpha_coupled / var_norm_gated: α 0.5), which are our options' defaults.
+RELEASE_INERT = ("recurrent_weight", "orig_weight")
+
+
+def settings_from_official(settings: Mapping[str, Any]) -> dict:
+  """T2MLRConfig fields (for `from_official`'s overrides) of the release's recurrence
+  settings: the mixer (`recurrent_mixing_module_name`) and its options (the settings its
+  module reads, `mixing_module_kwargs` over them), the cache residual and its post-norm,
+  the skip to l_end, connection_detach and the recurrent_weight curriculum; a setting not
+  given takes the release's default. The fixed weights the release sets but never reads
+  (`RELEASE_INERT`) map to what it computed with. l_start / l_end and the Jacobi depths
+  are `from_official`'s own arguments."""
+  given = dict(settings)
+  out = {ours: given.get(theirs, default) for theirs, default, ours in RELEASE_SETTINGS}
+  post_norm = given.get("recurrent_residual_to_recurrent_cache_post_norm", False)
+  out["cache_norm"] = "clipped_rms" if post_norm else "none"
+  mixer = given.get("recurrent_mixing_module_name", "none")
+  entry = mixers.MIXERS.get(mixer, "recurrent_mixing_module_name")
+  extra = given.get("mixing_module_kwargs") or {}
+  if isinstance(extra, str):
+    extra = json.loads(extra) if extra.strip() else {}
+  values = {**RELEASE_MIXER_DEFAULTS, **{k: v for k, v in given.items()
+                                         if k in RELEASE_MIXER_DEFAULTS}, **extra}
+  for inert in RELEASE_INERT:     # what the release computed: its forward's own defaults
+    values.pop(inert, None)
+  declared = field_types(entry.options) if entry.options is not None else {}
+  out["mixer"] = mixer
+  out["mixer_options"] = mixers.canonical_options(
+      mixer, tuple((k, v) for k, v in values.items() if k in declared))
+  return out

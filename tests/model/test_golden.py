@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 import t2mlr_jax
-from t2mlr_jax.convert.official import from_official
+from t2mlr_jax.convert.official import (
+  MIXER,
+  from_official,
+  mixer_params_from_official,
+  settings_from_official,
+)
 from t2mlr_jax.losses import cross_entropy, next_token_labels
 
 from _util import TESTS_DIR
@@ -61,6 +66,23 @@ def test_jacobi_logits(golden, case, d_f, d_b):
 
 def _official_name_grads(grads, cfg):
   """Our gradient tree under the official parameter names (transposed back to out x in)."""
+  out = _base_grads(grads, cfg)
+  base = "t2mlr_model.model."
+  start, _ = cfg.span
+  mix = f"{base}layers.{start}.t2mlr_mixing_module."
+  r = grads["recurrence"]
+  out[mix + "rezero_gamma_recurrent_gate"] = r["gamma_rec"].reshape(1)
+  out[mix + "rezero_gamma_input_gate"] = r["gamma_cur"].reshape(1)
+  out[mix + "recurrent_projection.weight"] = r["w_rec"]["kernel"].T
+  out[mix + "recurrent_gate_proj.weight"] = r["f_rec"]["kernel"].T
+  out[mix + "recurrent_gate_proj.bias"] = r["f_rec"]["bias"]
+  out[mix + "input_gate_proj.weight"] = r["f_cur"]["kernel"].T
+  out[mix + "input_gate_proj.bias"] = r["f_cur"]["bias"]
+  return out
+
+
+def _base_grads(grads, cfg):
+  """The base model's part of `_official_name_grads`."""
   out = {}
   base = "t2mlr_model.model."
   start, _ = cfg.span
@@ -76,15 +98,6 @@ def _official_name_grads(grads, cfg):
     out[f"{pre}post_attention_layernorm.weight"] = grads["layers"]["mlp_norm"]["scale"][i]
   out[f"{base}embed_tokens.weight"] = grads["embed"]["embedding"]
   out[f"{base}norm.weight"] = grads["final_norm"]["scale"]
-  mix = f"{base}layers.{start}.t2mlr_mixing_module."
-  r = grads["recurrence"]
-  out[mix + "rezero_gamma_recurrent_gate"] = r["gamma_rec"].reshape(1)
-  out[mix + "rezero_gamma_input_gate"] = r["gamma_cur"].reshape(1)
-  out[mix + "recurrent_projection.weight"] = r["w_rec"]["kernel"].T
-  out[mix + "recurrent_gate_proj.weight"] = r["f_rec"]["kernel"].T
-  out[mix + "recurrent_gate_proj.bias"] = r["f_rec"]["bias"]
-  out[mix + "input_gate_proj.weight"] = r["f_cur"]["kernel"].T
-  out[mix + "input_gate_proj.bias"] = r["f_cur"]["bias"]
   return out
 
 
@@ -126,3 +139,78 @@ def test_generate(golden):
   plain = t2mlr_jax.generate(params, cfg.replace(recurrence=None), z["generate_prompt"],
                              max_new_tokens=6)
   np.testing.assert_array_equal(plain, z["generate_sequences_plain_base"][:, P:])
+
+
+# ---------------------------------------------------------------- the release's options
+
+OPTIONS = os.path.join(GOLDEN, "options_official_small")
+OPTION_META = json.load(open(OPTIONS + ".json"))
+
+
+@pytest.fixture(scope="module")
+def option_arrays():
+  return dict(np.load(OPTIONS + ".npz"))
+
+
+def test_the_release_settings_of_the_goldens_map_to_the_paper_config(golden):
+  """The S5 settings the first goldens were made with read as our defaults (the cache
+  residual, detached, clipped RMS; the gated mixer), and compute the same logits."""
+  z, cfg, _ = golden
+  meta = json.load(open(os.path.join(GOLDEN, "t2mlr_official_small.json")))
+  fields = settings_from_official(meta["t2mlr_settings"])
+  assert fields["mixer"] == "gated" and fields["cache_norm"] == "clipped_rms"
+  assert fields["residual"] and fields["residual_detach"] and not fields["connection_detach"]
+  state_dict = {k: v for k, v in z.items() if k.startswith("t2mlr_model.")}
+  mapped, params = from_official(state_dict, {**meta["base_config"], "architectures": [
+      "LlamaForCausalLM"]}, l_start=2, l_end=3, **fields)
+  logits = t2mlr_jax.forward(params, mapped, z["input_ids"], mode="exact",
+                             control_flow=z["control_flows_B"])
+  np.testing.assert_allclose(logits, z["exact_logits_B"], atol=TOL, rtol=0)
+
+
+DEFAULT_SUITE_CASES = ("connection_detach", "residual_weighted", "skip_to_l_end")   # the rest: slow
+
+
+@pytest.mark.parametrize("case", [c if c in DEFAULT_SUITE_CASES else pytest.param(
+    c, marks=pytest.mark.slow) for c in sorted(OPTION_META["cases"])])
+def test_each_release_option_equals_the_release(option_arrays, case):
+  """The release's wrapper under one option (its settings read by settings_from_official):
+  exact logits, Jacobi logits at two depths, the Jacobi loss and every gradient."""
+  z, meta = option_arrays, OPTION_META
+  sd = {k.split("/param/", 1)[1]: v for k, v in z.items()
+        if k.startswith((f"{case}/param/", "base/param/"))}
+  fields = settings_from_official(meta["cases"][case])
+  cfg, params = from_official(sd, {**meta["base_config"], "architectures": [
+      "LlamaForCausalLM"]}, l_start=meta["l_start"], l_end=meta["l_end"], **fields)
+  ids, cf = jnp.asarray(z["input_ids"]), z["control_flows"]
+  scale = np.abs(z[f"{case}/exact_logits"]).max()
+  exact = t2mlr_jax.forward(params, cfg, ids, mode="exact", control_flow=cf)
+  np.testing.assert_allclose(exact, z[f"{case}/exact_logits"], atol=TOL * scale, rtol=0)
+  for d_f, d_b in meta["depths"]:
+    logits = t2mlr_jax.forward(params, cfg, ids, mode="jacobi", control_flow=cf,
+                               d_forward=d_f, d_backward=d_b)
+    np.testing.assert_allclose(logits, z[f"{case}/jacobi_logits_Df{d_f}_Db{d_b}"],
+                               atol=TOL * scale, rtol=0, err_msg=f"D_f={d_f}")
+  d_f, d_b = meta["grad_depth"]
+
+  def loss_fn(p):
+    logits = t2mlr_jax.forward(p, cfg, ids, mode="jacobi", control_flow=cf, d_forward=d_f,
+                               d_backward=d_b)
+    return cross_entropy(logits, next_token_labels(ids))[0]
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  np.testing.assert_allclose(loss, z[f"{case}/loss"], atol=TOL, rtol=0)
+  theirs = {k.split("/", 2)[2]: v for k, v in z.items()
+            if k.startswith((f"{case}/grad/", f"{case}/grad_sums/"))}
+  for key, ours in _base_grads(grads, cfg).items():
+    ours = np.asarray(ours)
+    if ours.ndim == 2:                  # stored as its row and column sums
+      ours = np.concatenate([ours.sum(1), ours.sum(0)])
+    np.testing.assert_allclose(ours, theirs[key], atol=TOL * max(1.0, np.abs(theirs[key]).max()),
+                               rtol=0, err_msg=key)
+  mix = f"t2mlr_model.model.layers.{cfg.span[0]}.{MIXER}"
+  their_mixer = {k[len(mix):]: theirs.get(k, np.zeros_like(v)) for k, v in sd.items()
+                 if k.startswith(mix)}           # a weight the options leave unused: no grad
+  want = mixer_params_from_official(their_mixer, cfg.recurrence, cfg.d_model)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=TOL * max(
+      1.0, np.abs(b).max()), rtol=0), dict(grads["recurrence"]), want)
