@@ -18,7 +18,6 @@ defines the imported function, unused here) and IPython (imported, never called)
 """
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -28,6 +27,9 @@ import types
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "experiments"))
+from bench_official import import_official  # noqa: E402  (the release with its two shims)
+
 L_START, L_END = 2, 3
 B, T = 2, 8
 DEPTHS = ((2, 1), (8, 2))          # (D_f, D_b) of the Jacobi logits
@@ -72,22 +74,6 @@ CASES = {
     "alpha_coupled_cache": dict(t2mlr_enabled=True, recurrent_mixing_module_name="alpha_coupled",
                                 use_learnable_gate=True, **S5_CACHE),
 }
-
-
-def import_official(repo: str):
-  src = os.path.join(repo, "src")
-  sys.path.insert(0, src)
-  if importlib.util.find_spec("IPython") is None:
-    stub = types.ModuleType("IPython")
-    stub.embed = lambda *a, **k: None
-    sys.modules["IPython"] = stub
-  import components
-  if importlib.util.find_spec("components.t2mlr_utils") is None:
-    import components.rcot_utils as utils
-    sys.modules["components.t2mlr_utils"] = utils
-    components.t2mlr_utils = utils
-  from t2mlr_wrapper import T2MLRWrapper
-  return T2MLRWrapper
 
 
 def main(repo: str, commit=None):

@@ -436,6 +436,21 @@ def test_a_mixed_load_compiles_nothing_after_the_default_warmup(model):
     run.stop()
 
 
+def _wait_healthy(port: int, proc, seconds: float = 120) -> str:
+  """The base URL of a server process once its /health answers 200 (or it exited, or
+  `seconds` passed: the request that follows then says why)."""
+  base = f"http://127.0.0.1:{port}"
+  deadline = time.time() + seconds
+  while time.time() < deadline and proc.poll() is None:
+    try:
+      with urllib.request.urlopen(base + "/health", timeout=2) as r:
+        if r.status == 200:
+          break
+    except (urllib.error.URLError, ConnectionError):
+      time.sleep(0.2)
+  return base
+
+
 def test_the_command_line_serves_and_sigterm_finishes_what_is_in_flight(tmp_path):
   """python -m t2mlr_jax.serve: prints what it compiles (the KV cache's size) and its
   address, is ready when /health says so, its programs kept in --compile_cache; SIGTERM
@@ -453,15 +468,7 @@ def test_the_command_line_serves_and_sigterm_finishes_what_is_in_flight(tmp_path
        f"--compile_cache={tmp_path / 'jc'}"],
       cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-      try:
-        with urllib.request.urlopen(base + "/health", timeout=2) as r:
-          if r.status == 200:
-            break
-      except (urllib.error.URLError, ConnectionError):
-        time.sleep(0.2)
+    base = _wait_healthy(port, proc)
     req = urllib.request.Request(base + "/v1/completions", data=json.dumps(
         {"model": "tiny", "prompt": "To be", "max_tokens": 40, "stream": True,
          "temperature": 0}).encode(), headers={"Content-Type": "application/json"})
@@ -586,15 +593,7 @@ def test_the_command_line_serves_a_task_workdir_with_its_own_vocabulary(tmp_path
        "--compile_cache="], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True)
   try:
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-      try:
-        with urllib.request.urlopen(base + "/health", timeout=2) as r:
-          if r.status == 200:
-            break
-      except (urllib.error.URLError, ConnectionError):
-        time.sleep(0.2)
+    base = _wait_healthy(port, proc)
     req = urllib.request.Request(base + "/v1/completions", data=json.dumps(
         {"model": "s5", "prompt": "ab|cd|<A_21345>", "max_tokens": 3, "temperature": 0,
          "ignore_eos": True}).encode(), headers={"Content-Type": "application/json"})
