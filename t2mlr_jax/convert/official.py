@@ -20,6 +20,7 @@ to kernels, a norm's weight to its scale, `Sequential` layers to `layer_i` in or
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -233,3 +234,81 @@ def settings_from_official(settings: Mapping[str, Any]) -> dict:
   out["mixer_options"] = mixers.canonical_options(
       mixer, tuple((k, v) for k, v in values.items() if k in declared))
   return out
+
+
+def mixer_params_to_official(rec: Mapping[str, Any], rcfg, d_model: int) -> dict:
+  """The release's mixing-module weights (keys relative to the module) of params[
+  "recurrence"]: the inverse of `mixer_params_from_official` (kernels transposed back to
+  out x in, a norm's scale to its weight, `layer_i` to the release's `Sequential` index:
+  Linear and activation alternating, a Dropout after each activation when the MLP's
+  dropout > 0, the state MLP's under `net.`; a scalar gate to shape [1])."""
+  names = mixers.MIXERS.get(rcfg.mixer).official_names
+  ours_to_release = {ours: theirs for theirs, ours in names if ours}
+  opts = mixers.options_of(rcfg)
+  out = {}
+  for path in _leaf_paths(rec):
+    if path[0] in ("cache_norm", mixers.FIXED_WEIGHT_LEAF):
+      continue                        # ours alone (the release has no such weight)
+    if path[0] not in ours_to_release:
+      raise ValueError(f"recurrence/{'/'.join(path)} of mixer {rcfg.mixer!r} has no release "
+                       f"counterpart: allowed {sorted(ours_to_release)}")
+    array = np.asarray(_get(rec, path), np.float32)
+    state_mlp = isinstance(rec[path[0]], Mapping) and "scaling" in rec[path[0]]
+    dropout = getattr(opts, "recurrent_state_mlp_dropout" if state_mlp else
+                      "gate_mlp_dropout", 0.0) or 0.0
+    parts = [ours_to_release[path[0]]]
+    for p in path[1:-1]:
+      m = re.fullmatch(r"layer_(\d+)", p)
+      if m:
+        index = int(m.group(1)) * (3 if dropout > 0 else 2)
+        parts.append(f"net.{index}" if state_mlp else str(index))
+      else:
+        parts.append(p)
+    leaf = path[-1]
+    if len(path) == 1:
+      out[parts[0]] = array.reshape(1) if array.ndim == 0 else array
+      continue
+    parts.append({"kernel": "weight", "scale": "weight"}.get(leaf, leaf))
+    out[".".join(parts)] = array.T if leaf == "kernel" else array
+  return out
+
+
+def settings_to_official(rcfg) -> dict:
+  """The release's settings of a T2MLRConfig: the inverse of `settings_from_official`
+  (l_start / l_end included; every mixer option written, those the release's settings do
+  not name in `mixing_module_kwargs`). A fixed recurrent weight is written, but the
+  release's mixers never read it (`RELEASE_INERT`)."""
+  if rcfg.cache_norm == "rmsnorm":
+    raise ValueError("cache_norm='rmsnorm' has no official counterpart: allowed "
+                     "'clipped_rms' or 'none' for an export to the release")
+  out = {theirs: getattr(rcfg, ours) for theirs, _, ours in RELEASE_SETTINGS}
+  out["recurrent_residual_to_recurrent_cache_post_norm"] = rcfg.cache_norm == "clipped_rms"
+  out.update(t2mlr_enabled=True, l_start=rcfg.l_start, l_end=rcfg.l_end,
+             recurrent_mixing_module_name=rcfg.mixer)
+  opts = mixers.options_of(rcfg)
+  if opts is not None:        # every option, defaults included (the release's differ)
+    values = dataclasses.asdict(opts)
+    out.update({k: v for k, v in values.items() if k in RELEASE_MIXER_DEFAULTS})
+    kwargs = {k: v for k, v in values.items() if k not in RELEASE_MIXER_DEFAULTS}
+    if kwargs:
+      out["mixing_module_kwargs"] = kwargs
+  return out
+
+
+def to_official(cfg, params) -> tuple[dict, dict]:
+  """(state dict under the release's names, its settings) of a T2MLR model: what
+  `from_official` and `settings_from_official` read back. The base model's weights
+  follow the release's wrapper (layer l_start under `.model.`, the mixer beside it)."""
+  start, _ = cfg.span
+  sd = {}
+  for key, value in hf._hf_state_dict(cfg, params).items():
+    if key.startswith(f"model.layers.{start}."):
+      key = key.replace(f"model.layers.{start}.", f"model.layers.{start}.model.", 1)
+    sd[PREFIX + key] = np.asarray(value, np.float32)
+  if cfg.tie_embeddings:                  # torch's state dict names the tied head too
+    sd[PREFIX + "lm_head.weight"] = sd[PREFIX + "model.embed_tokens.weight"]
+  mixer = f"{PREFIX}model.layers.{start}.{MIXER}"
+  rec = params.get("recurrence") or {}
+  sd.update({mixer + k: v for k, v in mixer_params_to_official(
+      rec, cfg.recurrence, cfg.d_model).items()})
+  return sd, settings_to_official(cfg.recurrence)
