@@ -6,8 +6,6 @@ full depth; both train from the command line, resume bit for bit and decode."""
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +28,7 @@ from t2mlr_jax.train.optimizer import OptimizerConfig, decay_mask, make_optimize
 from t2mlr_jax.train.step import create_state, make_train_step
 
 from _util import max_abs, random_tokens, tiny_cfg
+from test_user_module import _cli, _done
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "docs", "examples")
@@ -120,16 +119,8 @@ def test_a_sharded_train_step_carries_the_two_vector_state(examples, mode):
   assert np.any(np.asarray(new.params["recurrence"]["alpha"]) != 0)
 
 
-def _cli(*args):
-  return subprocess.Popen([sys.executable, "-m", "t2mlr_jax.main", "--progress=false", *args],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-
-
-def _done(proc):
-  out, _ = proc.communicate(timeout=600)
-  assert proc.returncode == 0, out
-  return out
+def _main(*args):
+  return _cli("t2mlr_jax.main", "--progress=false", *args)
 
 
 def _losses(workdir) -> list:
@@ -142,12 +133,12 @@ def test_both_examples_train_from_the_command_line_and_resume(examples, tmp_path
   low = (f"--user_module={EXAMPLES}/low_rank_mixer.py", "--config=configs/s5_retrieval.py:tiny",
          "--config.model.recurrence.mixer=low_rank")
   wd = {name: str(tmp_path / name) for name in ("two", "two_resumed", "low")}
-  procs = [_cli(*two, f"--workdir={wd['two']}"),
-           _cli(*two, f"--workdir={wd['two_resumed']}", "--config.train.stop_after_steps=3"),
-           _cli(*low, f"--workdir={wd['low']}")]
+  procs = [_main(*two, f"--workdir={wd['two']}"),
+           _main(*two, f"--workdir={wd['two_resumed']}", "--config.train.stop_after_steps=3"),
+           _main(*low, f"--workdir={wd['low']}")]
   for proc in procs:
     _done(proc)
-  _done(_cli(*two, f"--workdir={wd['two_resumed']}"))
+  _done(_main(*two, f"--workdir={wd['two_resumed']}"))
   assert len(_losses(wd["two"])) == 6
   assert _losses(wd["two"]) == _losses(wd["two_resumed"])        # bit for bit
   cfg, params = checkpoint.load(wd["two"])

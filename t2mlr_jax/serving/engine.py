@@ -252,13 +252,19 @@ def _choose(rows: Slots, logits_BV):
 _split_layers = jax.jit(split_layers)
 
 
+@functools.lru_cache(maxsize=None)
+def _state_shapes(cfg, batch: int):
+  """The recurrent state of `batch` rows as its type declares it (traced once per batch
+  bucket, not at every bucket move)."""
+  return jax.eval_shape(lambda: recurrence.zero_state(cfg, batch))
+
+
 def _empty_slots(cfg, batch: int, cache_len: int, dtype) -> Slots:
   """Host slots of `batch` free rows and `cache_len` cache slots (zeros), the KV cache in
   `dtype`."""
   zeros = np.zeros((batch * cfg.n_kv_heads, cache_len, cfg.head_dim), dtype)
   caches = tuple(KV(zeros, zeros) for _ in range(cfg.n_layers))
-  state = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
-                       jax.eval_shape(lambda: recurrence.zero_state(cfg, batch)))
+  state = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), _state_shapes(cfg, batch))
   dec = DecodeState(caches, state,
                     np.zeros((batch, cache_len), bool), np.int32(0),
                     np.zeros((batch,), np.int32))
