@@ -1,5 +1,6 @@
 """Shared helpers for the tests: tiny configs and recurrence parameters that do something."""
 
+import contextlib
 import os
 import sys
 
@@ -7,10 +8,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2mlr_jax import ModelConfig, T2MLRConfig, init_params
+from t2mlr_jax import ModelConfig, T2MLRConfig, init_params, registry
+from t2mlr_jax.model import mixers
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))      # tests/ (golden/, fixtures/)
 REPO_ROOT = os.path.dirname(TESTS_DIR)                       # the clone's root
+EXAMPLES = os.path.join(REPO_ROOT, "docs", "examples")       # docs/design.md's example files
+
+
+@contextlib.contextmanager
+def imported_examples(*names):
+  """docs/examples/<name> files imported as user modules (the first one yielded); what they
+  registered is unregistered afterwards, so other test modules see the built-ins only."""
+  regs = (registry.RECURRENCES, registry.SCHEDULES, mixers.MIXERS)
+  before = {r: r.names() for r in regs}
+  modules = list(registry.USER_MODULES)
+  try:
+    imported = [registry.import_user_module(os.path.join(EXAMPLES, n)) for n in names]
+    yield imported[0]
+  finally:
+    for reg, known in before.items():
+      for name in set(reg.names()) - set(known):
+        reg.unregister(name)
+    registry.USER_MODULES[:] = modules
 
 
 def tiny_cfg(l_start=1, l_end=2, n_layers=4, **kw) -> ModelConfig:

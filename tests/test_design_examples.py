@@ -3,33 +3,23 @@ registered, every mode and schedule runs the new type and the new schedule runs 
 type, each exact where it should be (tests/test_user_module.py trains them from the
 command line)."""
 
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t2mlr_jax import forward, generate, init_params, registry
+from t2mlr_jax import forward, generate, init_params
 
-from _util import max_abs, random_tokens, tiny_cfg
+from _util import imported_examples, max_abs, random_tokens, tiny_cfg
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
-                        "examples")
 T = 6
 
 
 @pytest.fixture(scope="module")
 def examples():
-  before = {r: r.names() for r in (registry.RECURRENCES, registry.SCHEDULES)}
-  modules = list(registry.USER_MODULES)
-  echo = registry.import_user_module(os.path.join(EXAMPLES, "echo.py"))
-  registry.import_user_module(os.path.join(EXAMPLES, "full_jacobi.py"))
-  yield echo
-  for reg, names in before.items():
-    for name in set(reg.names()) - set(names):
-      reg.unregister(name)
-  registry.USER_MODULES[:] = modules
+  with imported_examples("echo.py", "full_jacobi.py") as echo:
+    yield echo
 
 
 @pytest.mark.slow       # 14 s; tests/test_user_module.py trains the example by default

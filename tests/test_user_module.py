@@ -19,10 +19,8 @@ from t2mlr_jax.checkpoint import Checkpointer
 from t2mlr_jax.train.config import model_config
 from t2mlr_jax.train.optimizer import decay_mask, param_groups
 
-from _util import tiny_cfg
+from _util import EXAMPLES, REPO_ROOT, tiny_cfg
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = os.path.join(ROOT, "docs", "examples")
 USER = f"--user_module={EXAMPLES}/echo.py,{EXAMPLES}/full_jacobi.py"
 CONFIG = f"--config={EXAMPLES}/s5_echo.py:tiny"
 SCHEDULE = ("--config.train.mode=full_jacobi",
@@ -55,7 +53,7 @@ def forget_modules(folder) -> None:
 
 def _cli(module, *args):
   return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                          stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 

@@ -19,19 +19,15 @@ from t2mlr_jax import (
   generate,
   init_params,
   loss,
-  registry,
   sharding,
 )
-from t2mlr_jax.model import mixers
 from t2mlr_jax.serving.engine import Engine
 from t2mlr_jax.train.optimizer import OptimizerConfig, decay_mask, make_optimizer
 from t2mlr_jax.train.step import create_state, make_train_step
 
-from _util import max_abs, random_tokens, tiny_cfg
+from _util import EXAMPLES, imported_examples, max_abs, random_tokens, tiny_cfg
 from test_user_module import _cli, _done
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = os.path.join(ROOT, "docs", "examples")
 T = 6
 SCHEDULES = (("jacobi", dict(d_forward=T)), ("interleaved", dict(passes=T)),
              ("chunked", dict(passes=T)), ("multi_refine", dict(refine_passes=T - 1)))
@@ -40,16 +36,8 @@ SCHEDULES = (("jacobi", dict(d_forward=T)), ("interleaved", dict(passes=T)),
 @pytest.fixture(scope="module")
 def examples():
   """The two example files imported (what they register is gone after this module)."""
-  regs = (registry.RECURRENCES, registry.SCHEDULES, mixers.MIXERS)
-  before = {r: r.names() for r in regs}
-  modules = list(registry.USER_MODULES)
-  two_step = registry.import_user_module(os.path.join(EXAMPLES, "two_step.py"))
-  registry.import_user_module(os.path.join(EXAMPLES, "low_rank_mixer.py"))
-  yield two_step
-  for reg, names in before.items():
-    for name in set(reg.names()) - set(names):
-      reg.unregister(name)
-  registry.USER_MODULES[:] = modules
+  with imported_examples("two_step.py", "low_rank_mixer.py") as two_step:
+    yield two_step
 
 
 def _two_step(examples, alpha=(0.7, -0.5)):
@@ -99,7 +87,7 @@ def test_the_engine_serves_a_two_vector_state(examples):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("mode", ["jacobi", "interleaved"])
+@pytest.mark.parametrize("mode", ["jacobi", pytest.param("interleaved", marks=pytest.mark.slow)])
 def test_a_sharded_train_step_carries_the_two_vector_state(examples, mode):
   """The train step over a data x fsdp mesh of 8 devices (the state's leaves constrained
   to the batch axes) computes the single-device loss."""
@@ -128,6 +116,7 @@ def _losses(workdir) -> list:
     return [r["loss"] for r in map(json.loads, f) if r.get("kind") == "train"]
 
 
+@pytest.mark.slow       # 22 s; the decode/serve/schedule tests above run by default
 def test_both_examples_train_from_the_command_line_and_resume(examples, tmp_path):
   two = (f"--user_module={EXAMPLES}/two_step.py", f"--config={EXAMPLES}/s5_two_step.py:tiny")
   low = (f"--user_module={EXAMPLES}/low_rank_mixer.py", "--config=configs/s5_retrieval.py:tiny",

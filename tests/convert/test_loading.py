@@ -144,3 +144,27 @@ def test_a_run_of_a_task_with_its_own_vocabulary_reads_its_tokens(tmp_path):
   assert tok.decode(tok.encode(prompt)) == prompt
   assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 2, 3)
   assert tasks.own_tokenizer({"data": {"task": "lm"}}) is None
+
+
+def test_a_downstream_evaluation_of_a_run_with_its_own_vocabulary(tmp_path):
+  """`evaluate --task` passes the task's own vocabulary as chat does: a variable-assignment
+  run (byte vocabulary, no tokenizer.json) is scored on GSM8K-format records, its
+  completions decoded by the byte tokenizer; without `own`, the one-line reason."""
+  from t2mlr_jax.eval import jobs
+  config = config_file("variable_assignment", "tiny").to_dict()
+  cfg = tiny_cfg(vocab_size=259)                    # the byte vocabulary
+  ckpt = Checkpointer(str(tmp_path / "va"), async_save=False)
+  ckpt.save(1, train_state(cfg, 1), data_iterator(), config, cfg)
+  ckpt.close()
+  run = str(tmp_path / "va")
+  data = tmp_path / "gsm8k.jsonl"
+  data.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
+                          for q, a in [("x=3\nx=___", "3"), ("y=1\ny=___", "1")]))
+  with pytest.raises(ValueError, match=r"no tokenizer found for .*; pass --tokenizer=DIR"):
+    jobs.evaluate_downstream("gsm8k", str(data), run, max_new_tokens=4)
+  summary, rows = jobs.evaluate_downstream("gsm8k", str(data), run, max_new_tokens=4,
+                                           batch_size=2, own=tasks.own_tokenizer)
+  assert summary["num_examples"] == 2 and len(rows) == 2
+  tok = ByteTokenizer()
+  for row in rows:      # decoded by the byte tokenizer: its text re-encodes to byte ids
+    assert all(3 <= i < 259 for i in tok.encode(row["completion"]))
