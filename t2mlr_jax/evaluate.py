@@ -17,7 +17,8 @@ modes parallel (recurrence off), the training mode (Jacobi / interleaved) and ex
         [--blocks=256] [--mode=exact] [--batch_size=8] [--output=FILE.json]
 
 Tasks: gsm8k, math500 (greedy generation; strict/flexible/### extraction, last
-\\boxed{}), arc_easy, arc_challenge, hellaswag, piqa (log-likelihood; acc and
+\\boxed{}), hotpotqa (greedy generation on the public JSON files, e.g.
+hotpot_dev_distractor_v1.json; the official EM and F1), arc_easy, arc_challenge, hellaswag, piqa (log-likelihood; acc and
 acc_norm). The summary is printed; with --output, summary.json and
 predictions.jsonl (one line per example) are written there.
 """
@@ -32,7 +33,7 @@ from t2mlr_jax import cli, paths
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory (its task's eval set)")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
 _TASK = flags.DEFINE_string("task", None, "bpb (bits per byte on a prepared dataset) or a "
-                            "downstream task: gsm8k, math500, arc_easy, arc_challenge, "
+                            "downstream task: gsm8k, math500, hotpotqa, arc_easy, arc_challenge, "
                             "hellaswag, piqa")
 _DATA = flags.DEFINE_string("data", None, "local JSONL file of the downstream task, or the "
                             "prepared dataset directory for --task=bpb")

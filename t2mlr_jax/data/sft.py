@@ -1,5 +1,6 @@
 """Supervised fine-tuning data: GSM8K-Aug and {prompt, response} records, from JSONL
-files or prepared TensorFlow Datasets (`tfds:NAME:SPLIT`).
+files, `.json` files of one list (Coconut's ProsQA), or prepared TensorFlow Datasets
+(`tfds:NAME:SPLIT`).
 
 A record becomes one example: the prompt is non-recurrent (cf 1), the response
 and its EOS recurrent (cf 2), and only the response (with EOS) is supervised
@@ -87,10 +88,31 @@ def read_tfds(spec: str, data_dir: Optional[str] = None) -> list[dict]:
   return records
 
 
+def read_json_list(path: str) -> list[dict]:
+  """The records of a local file holding one JSON list of objects (Coconut's ProsQA files,
+  HotpotQA's)."""
+  if not os.path.isfile(path):
+    raise ValueError(f"data file {path!r} does not exist")
+  with open(path) as f:
+    try:
+      records = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}: not valid JSON ({e}); allowed a JSON list of records, or "
+                       "JSONL under another extension") from e
+  if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+    raise ValueError(f"{path} is not a JSON list of objects: allowed a list of records")
+  if not records:
+    raise ValueError(f"{path} holds no records")
+  return records
+
+
 def read_records(path: str, tfds_data_dir: Optional[str] = None) -> list[dict]:
-  """Records from a JSONL file or, for paths 'tfds:NAME:SPLIT', a prepared TFDS dataset."""
+  """Records from a JSONL file, a `.json` file holding one list of them, or, for paths
+  'tfds:NAME:SPLIT', a prepared TFDS dataset."""
   if path.startswith(TFDS_PREFIX):
     return read_tfds(path[len(TFDS_PREFIX):], tfds_data_dir)
+  if path.endswith(".json"):
+    return read_json_list(path)
   return read_jsonl(path)
 
 
@@ -131,8 +153,11 @@ def prompt_and_response(record: dict, fmt: str = "auto", tokenizer=None,
 
 
 def tokenize_record(record: dict, tokenizer, *, fmt: str = "auto", chat: bool = False,
-                    add_bos: bool = False) -> dict[str, np.ndarray]:
-  """input_ids, target_ids (response + EOS only) and control_flow (prompt 1, response 2)."""
+                    add_bos: bool = False, prompt_cf: int = 1) -> dict[str, np.ndarray]:
+  """input_ids, target_ids (response + EOS only) and control_flow (prompt `prompt_cf`: 1
+  non-recurrent, 2 recurrent as the release's CONTROL_FLOW_ALL_RECURRENT; response 2)."""
+  if prompt_cf not in (1, 2):
+    raise ValueError(f"prompt_cf={prompt_cf!r} is invalid: allowed 1 or 2")
   if tokenizer.eos_id is None:
     raise ValueError("the tokenizer has no eos_token: SFT responses end with EOS")
   prompt, response = prompt_and_response(record, fmt, tokenizer, chat)
@@ -145,7 +170,7 @@ def tokenize_record(record: dict, tokenizer, *, fmt: str = "auto", chat: bool = 
   ids = np.asarray(p + r, np.int32)
   targets = np.full(len(ids), IGNORE, np.int32)
   targets[len(p) - 1:-1] = r
-  cf = np.asarray([1] * len(p) + [2] * len(r), np.int32)
+  cf = np.asarray([prompt_cf] * len(p) + [2] * len(r), np.int32)
   return dict(input_ids=ids, target_ids=targets, control_flow=cf)
 
 
@@ -203,10 +228,10 @@ class SFTSource:
   def __init__(self, path: str, tokenizer, *, seq_len: int, fmt: str = "auto",
                chat: bool = False, add_bos: bool = False, packed: bool = True,
                too_long: str = "error", limit: Optional[int] = None,
-               tfds_data_dir: Optional[str] = None):
+               tfds_data_dir: Optional[str] = None, prompt_cf: int = 1):
     records = read_records(path, tfds_data_dir)[:limit]
-    examples = [tokenize_record(r, tokenizer, fmt=fmt, chat=chat, add_bos=add_bos)
-                for r in records]
+    examples = [tokenize_record(r, tokenizer, fmt=fmt, chat=chat, add_bos=add_bos,
+                                prompt_cf=prompt_cf) for r in records]
     if packed:
       self.items = pack(examples, seq_len, too_long=too_long)
     else:   # one example per row (padded by the pipeline); same length rule as packing

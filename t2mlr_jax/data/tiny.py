@@ -8,6 +8,8 @@ when a config names them).
                            byte-level BPE tokenizer: the retrofit configs' tiny
                            model.init_from
   data/tiny/va_sft.jsonl   Variable Assignment SFT records: their tiny data.path
+  data/tiny/hotpotqa_sft.jsonl  HotpotQA-format records of the synthetic corpus, as SFT
+                           records: hotpotqa.py:tiny
 
 The S5 and Variable Assignment tasks generate their data on the fly and need none of it.
 """
@@ -24,11 +26,12 @@ from absl import flags
 from safetensors.numpy import save_file
 
 from t2mlr_jax import cli, paths
-from t2mlr_jax.data import lm, prepare, variable_assignment as va
+from t2mlr_jax.data import hotpotqa, lm, prepare, variable_assignment as va
 
 ROOT = os.path.join("data", "tiny")
 LM_DATA, BASE, SFT_DATA = "lm_byte32", "base", "va_sft.jsonl"
-PARTS = (LM_DATA, BASE, SFT_DATA)
+HOTPOT_DATA = "hotpotqa_sft.jsonl"
+PARTS = (LM_DATA, BASE, SFT_DATA, HOTPOT_DATA)
 COMMAND = "python -m t2mlr_jax.data.tiny"
 # the config fields that may name a part
 FIELDS = ("data.path", "data.tokenizer", "model.init_from")
@@ -75,6 +78,27 @@ def _sft_records(num: int) -> list[dict]:
 
 def _make_sft_data(out: str) -> None:
   paths.write_text(out, "".join(json.dumps(r) + "\n" for r in _sft_records(64)))
+
+
+def hotpot_records(num: int, seed: int = 0) -> list[dict]:
+  """HotpotQA-layout records of the synthetic corpus: two titled paragraphs, the question
+  asks which word the first paragraph's first sentence ends with (the cited fact)."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i, (a, b) in enumerate(zip(corpus(num, seed), corpus(num, seed + 1))):
+    first = a.split(". ")[0].rstrip(".")
+    answer = first.split()[-1]
+    sentences = [(" " if j else "") + x.strip().rstrip(".") + "."    # as the public files:
+                 for j, x in enumerate(a.split(". "))]                # a space before each next
+    titles = [f"Doc {i}", f"Note {int(rng.integers(1000))}"]
+    out.append({"_id": f"tiny{i}", "question": f"Which word ends: {' '.join(first.split()[:-1])}?",
+                "answer": answer, "supporting_facts": [[titles[0], 0]],
+                "context": [[titles[0], sentences], [titles[1], [b]]]})
+  return out
+
+
+def _make_hotpot_data(out: str) -> None:
+  hotpotqa.write_sft_jsonl(hotpot_records(64), out)
 
 
 def _llama_weights(cfg: dict, seed: int) -> dict:
@@ -124,7 +148,7 @@ def make(out: str = ROOT) -> list[str]:
   made = []
   os.makedirs(out, exist_ok=True)
   for part, maker in ((LM_DATA, _make_lm_data), (BASE, _make_base),
-                      (SFT_DATA, _make_sft_data)):
+                      (SFT_DATA, _make_sft_data), (HOTPOT_DATA, _make_hotpot_data)):
     path = os.path.join(out, part)
     if not os.path.exists(path):
       maker(path)

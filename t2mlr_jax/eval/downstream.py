@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2mlr_jax.data import multiple_choice as mc, sft
-from t2mlr_jax.eval import answers
+from t2mlr_jax.data import hotpotqa as hotpotqa_data, multiple_choice as mc, sft
+from t2mlr_jax.eval import answers, hotpotqa
 from t2mlr_jax.losses import token_nll
 from t2mlr_jax.model.decode import generate
 from t2mlr_jax.model.modes import forward
 
-GENERATION_TASKS = ("gsm8k", "math500")
+GENERATION_TASKS = ("gsm8k", "math500", "hotpotqa")
 MC_TASKS = tuple(mc.TASK_READERS)
 
 
@@ -72,6 +72,8 @@ def evaluate_generation(task: str, params, cfg, tokenizer, records: Sequence[dic
   """
   if task not in GENERATION_TASKS:
     raise ValueError(f"task={task!r} is invalid: allowed {GENERATION_TASKS}")
+  if task == "hotpotqa":
+    return _evaluate_hotpotqa(params, cfg, tokenizer, records, chat=chat, **gen_kwargs)
   prompts = []
   for n, r in enumerate(records):
     question = r.get("question") if task == "gsm8k" else r.get("problem")
@@ -98,6 +100,26 @@ def evaluate_generation(task: str, params, cfg, tokenizer, records: Sequence[dic
   names = {"spec": "exact_match", "strict": "strict_match", "flexible": "flexible_match"}
   summary = {names.get(k, k): v / n for k, v in totals.items()}
   return {"task": task, "num_examples": len(records), **summary}, predictions
+
+
+def _evaluate_hotpotqa(params, cfg, tokenizer, records, *, chat=False, **gen_kwargs):
+  """HotpotQA records (the public files' layout) scored by the official EM/F1 on the first
+  line the model writes after the prompt's "Answer:" (eval/hotpotqa.py)."""
+  prompts = []
+  for r in records:
+    prompt = hotpotqa_data.format_prompt(r)
+    if chat:
+      prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                             add_generation_prompt=True)
+    prompts.append(prompt)
+  texts = generate_texts(params, cfg, tokenizer, prompts, **gen_kwargs)
+  metrics, predictions = hotpotqa.HotpotQAMetrics(), []
+  for r, prompt, text in zip(records, prompts, texts):
+    pred = hotpotqa.extract_answer(text)
+    scores = metrics.update(pred, r["answer"])
+    predictions.append({"id": r["_id"], "prompt": prompt, "completion": text,
+                        "prediction": pred, "gold": r["answer"], **scores})
+  return {"task": "hotpotqa", **metrics.result()}, predictions
 
 
 def sequence_logliks(params, cfg, requests: Sequence[tuple[list[int], list[int]]], *,

@@ -18,6 +18,7 @@ class SequenceMetrics:
     self.counts = defaultdict(float)
 
   def update(self, predictions_BT: np.ndarray, batch: dict) -> None:
+    """Count one batch's greedy predictions [B, T] against its target_ids."""
     pred, tgt = np.asarray(predictions_BT), np.asarray(batch["target_ids"])
     supervised = np.asarray(is_supervised(tgt))
     right = (pred == tgt) | ~supervised
@@ -32,6 +33,7 @@ class SequenceMetrics:
     """Hook for task-specific counts (right/supervised are [B, T] bool)."""
 
   def result(self) -> dict:
+    """{seq_acc, token_acc, num_examples} over the batches counted."""
     c = self.counts
     return {"seq_acc": c["seq_right"] / max(c["seq_total"], 1),
             "token_acc": c["token_right"] / max(c["token_total"], 1),

@@ -7,10 +7,11 @@ need the prepared dataset or the model stay the task's (train/tasks.py)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Optional
 
 from t2mlr_jax.config import invalid
-from t2mlr_jax.data import s5_curricula, s5_group
+from t2mlr_jax.data import pathfinding, prosqa, s5_curricula, s5_group
 
 SFT_FORMATS = ("auto", "gsm8k_aug", "prompt_response")   # data.sft.FORMATS
 TOO_LONG = ("error", "drop")
@@ -135,6 +136,120 @@ class VariableAssignmentData(DataConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class PathfindingData(DataConfig):
+  """Pathfinding (word-level, generated): the graph knobs of data/pathfinding.py (pf_*, the
+  release's defaults), the lengths evaluated and the token limit of training examples."""
+  task: str = "pathfinding"
+  pf_path_min: int = 10             # backbone edges, drawn uniformly
+  pf_path_max: int = 18
+  pf_lanes: int = 6                 # parallel lanes, each 1..3 nodes longer
+  pf_extra_min: int = 1
+  pf_extra_max: int = 3
+  pf_dead_end_prob: float = 0.2
+  pf_dead_end_depth: int = 2
+  pf_wait: bool = False             # "Wait " before the path
+  pf_recurrent_prompt: bool = True  # the release trains Pathfinding all-recurrent
+  pf_max_tokens: Optional[int] = None   # redraw longer training examples (None: never)
+  pf_eval_lengths: str = ""         # backbone lengths evaluated, e.g. "4,6,8" ("": the
+  eval_examples_per_length: int = 32    # training range pf_path_min..pf_path_max)
+
+  def __post_init__(self):
+    super().__post_init__()
+    _check_ints(self, 1, "eval_examples_per_length")
+    if self.pf_max_tokens is not None:
+      _check_ints(self, 16, "pf_max_tokens")
+    for length in [None] + self.eval_lengths():
+      try:
+        pathfinding.max_nodes(**self.knobs(length))
+      except ValueError as e:     # the generator's message starts with the knob's name
+        if length is not None:
+          _fail("data.pf_eval_lengths", self.pf_eval_lengths,
+                f"backbone lengths these knobs can draw ({e})")
+        allowed = re.sub(r"(?<![\w.])(" + "|".join(pathfinding.DEFAULTS) + r")\b",
+                         r"data.pf_\1", str(e).split("allowed ", 1)[-1])
+        _fail(f"data.pf_{str(e).split('=')[0]}", getattr(self, f"pf_{str(e).split('=')[0]}"),
+              allowed)
+
+  def knobs(self, length: Optional[int] = None) -> dict:
+    """The generator's knobs; with `length`, every backbone exactly that long."""
+    lo, hi = (self.pf_path_min, self.pf_path_max) if length is None else (length, length)
+    return dict(path_min=lo, path_max=hi, lanes=self.pf_lanes, extra_min=self.pf_extra_min,
+                extra_max=self.pf_extra_max, dead_end_prob=float(self.pf_dead_end_prob),
+                dead_end_depth=self.pf_dead_end_depth, wait=bool(self.pf_wait))
+
+  def eval_lengths(self) -> list[int]:
+    """The backbone lengths evaluated (pf_eval_lengths, else the training range)."""
+    if not self.pf_eval_lengths:
+      return list(range(self.pf_path_min, self.pf_path_max + 1))
+    try:
+      lengths = sorted({int(x) for x in str(self.pf_eval_lengths).split(",") if x.strip()})
+    except ValueError:
+      _fail("data.pf_eval_lengths", self.pf_eval_lengths, "comma-separated integers, e.g. '4,6'")
+    if not lengths:
+      _fail("data.pf_eval_lengths", self.pf_eval_lengths, "at least one length")
+    return lengths
+
+  def pool_size(self) -> int:
+    """Node names the vocabulary needs: enough for the largest graph trained or evaluated."""
+    return max(pathfinding.max_nodes(**self.knobs(n))
+               for n in [None] + self.eval_lengths())
+
+
+@dataclasses.dataclass(frozen=True)
+class ProsQAData(DataConfig):
+  """ProsQA (word-level, generated): the graph knobs of data/prosqa.py (prosqa_*), the
+  graph sizes evaluated, the token limit of training examples, generation scoring."""
+  task: str = "prosqa"
+  prosqa_concepts: int = 20         # concepts per graph (the published mean)
+  prosqa_entities: int = 2
+  prosqa_depth_min: int = 3         # hops from the entity to the answer, drawn uniformly
+  prosqa_depth_max: int = 6
+  prosqa_extra_parent_p: float = 0.44
+  prosqa_recurrent_prompt: bool = False   # the release trains ProsQA with a plain prompt
+  prosqa_max_tokens: Optional[int] = None   # redraw longer training examples (None: never)
+  prosqa_eval_concepts: str = ""    # graph sizes evaluated, e.g. "10,14" ("": the trained)
+  prosqa_generate: bool = True      # exact-mode evaluations also decode and score answers
+  eval_examples_per_length: int = 32
+
+  def __post_init__(self):
+    super().__post_init__()
+    _check_ints(self, 1, "eval_examples_per_length")
+    if self.prosqa_max_tokens is not None:
+      _check_ints(self, 16, "prosqa_max_tokens")
+    for size in [None] + self.eval_concepts():
+      try:
+        prosqa.generate_example(0, **self.knobs(size))
+      except ValueError as e:     # the generator's message starts with the knob's name
+        knob = str(e).split("=")[0]
+        field = "prosqa_eval_concepts" if size else PROSQA_FIELDS.get(knob, f"prosqa_{knob}")
+        _fail(f"data.{field}", getattr(self, field, None), str(e).split("allowed ", 1)[-1])
+
+  def knobs(self, concepts: Optional[int] = None) -> dict:
+    """The generator's knobs; with `concepts`, graphs of that many concepts."""
+    return dict(num_concepts=concepts or self.prosqa_concepts,
+                num_entities=self.prosqa_entities, depth_min=self.prosqa_depth_min,
+                depth_max=self.prosqa_depth_max,
+                extra_parent_p=float(self.prosqa_extra_parent_p))
+
+  def eval_concepts(self) -> list[int]:
+    """The graph sizes evaluated (prosqa_eval_concepts, else the trained one)."""
+    if not self.prosqa_eval_concepts:
+      return [self.prosqa_concepts]
+    try:
+      sizes = sorted({int(x) for x in str(self.prosqa_eval_concepts).split(",") if x.strip()})
+    except ValueError:
+      _fail("data.prosqa_eval_concepts", self.prosqa_eval_concepts,
+            "comma-separated integers, e.g. '10,14'")
+    if not sizes:
+      _fail("data.prosqa_eval_concepts", self.prosqa_eval_concepts, "at least one size")
+    return sizes
+
+
+# the generator's knob -> its data field
+PROSQA_FIELDS = {"num_concepts": "prosqa_concepts", "num_entities": "prosqa_entities"}
+
+
+@dataclasses.dataclass(frozen=True)
 class SFTData(DataConfig):
   """Supervised fine-tuning on JSONL or TFDS records with a Hugging Face tokenizer."""
   task: str = "sft"
@@ -145,6 +260,8 @@ class SFTData(DataConfig):
   tokenizer: Optional[str] = None   # directory with tokenizer.json
   chat: bool = False                # wrap in the tokenizer's chat template
   add_bos: bool = False
+  recurrent_prompt: bool = False    # prompt tokens recurrent too (the release's
+  #                                   CONTROL_FLOW_ALL_RECURRENT: Pathfinding, HotpotQA)
   packed: bool = True               # pack examples into rows (segment ids)
   too_long: str = "error"           # "error" or "drop" (never truncated)
   eval_limit: int = 256             # held-out examples scored
@@ -180,6 +297,8 @@ DATA_CONFIGS = {
     "s5_retrieval": S5RetrievalData,
     "s5_word_problem": S5WordProblemData,
     "variable_assignment": VariableAssignmentData,
+    "pathfinding": PathfindingData,
+    "prosqa": ProsQAData,
     "sft": SFTData,
     "lm": LMData,
 }

@@ -16,7 +16,9 @@ from t2mlr_jax.checkpoint import Checkpointer
 from t2mlr_jax.config import invalid
 from t2mlr_jax.data import (
   byte_tokenizer,
+  pathfinding,
   pipeline,
+  prosqa,
   s5,
   s5_curricula,
   s5_examples,
@@ -26,7 +28,9 @@ from t2mlr_jax.data import (
 )
 from t2mlr_jax.data.lm import BlockSource, read_manifest, spread, token_bytes
 from t2mlr_jax.data.tokenizer import load_tokenizer
+from t2mlr_jax.eval import prosqa as prosqa_eval
 from t2mlr_jax.eval.bpb import evaluate_bpb
+from t2mlr_jax.eval.pathfinding import PathfindingMetrics
 from t2mlr_jax.eval.runner import evaluate
 from t2mlr_jax.eval.s5 import S5Metrics
 from t2mlr_jax.eval.sequence import SequenceMetrics
@@ -34,6 +38,8 @@ from t2mlr_jax.registry import FAMILIES
 from t2mlr_jax.train.config import data_config
 from t2mlr_jax.train.data_configs import (
   LMData,
+  PathfindingData,
+  ProsQAData,
   S5RetrievalData,
   S5WordProblemData,
   SFTData,
@@ -56,6 +62,9 @@ class Task(NamedTuple):
   # (config) -> the tokenizer of the task's own vocabulary (its ids are no tokenizer.json's:
   # chat and the loaders read a run's tokens with it); None: data.tokenizer / init_from
   tokenizer: Optional[Callable] = None
+  # (config) -> None: checks of the data against the config that need the dataset or the
+  # model (run before the model's own, so a mismatch is named as the data's)
+  check: Optional[Callable] = None
 
 
 def _fail(field, value, allowed):
@@ -156,6 +165,121 @@ def _va_max_len(config):
   return max(len(src[i]["input_ids"]) for i in range(len(src)))   # every example: same length
 
 
+def _pf_source(config, num_examples, seed_offset=0, length=None):
+  """Training examples (length None: the trained range, pf_max_tokens applied) or one
+  backbone length's evaluation examples (never redrawn for length)."""
+  d = data_config(config)
+  return pathfinding.PathfindingSource(
+      num_examples, base_seed=config.train.seed + seed_offset,
+      recurrent_prompt=d.pf_recurrent_prompt, limit=None if length else d.pf_max_tokens,
+      pool_size=d.pool_size(), **d.knobs(length))
+
+
+def _pf_eval_batches(config):
+  d = data_config(config)
+  examples = []
+  for n in d.eval_lengths():
+    src = _pf_source(config, d.eval_examples_per_length, EVAL_SEED_OFFSET + n, length=n)
+    examples += [src[i] for i in range(len(src))]
+  return _sized_batches(config, examples, "pf_eval_lengths", "lengths")
+
+
+def _sized_batches(config, examples, field, what):
+  """Fixed eval batches of examples of several sizes, padded to the longest, which must fit
+  model.max_seq_len (else the data field choosing the sizes is named)."""
+  seq_len = max(len(ex["input_ids"]) for ex in examples)
+  if seq_len > config.model.max_seq_len:
+    _fail(f"data.{field}", config.data[field], f"{what} whose examples fit "
+          f"model.max_seq_len={config.model.max_seq_len} (the longest needs {seq_len})")
+  return pipeline.stack_batches(examples, seq_len, data_config(config).eval_batch_size)
+
+
+def _pf_max_len(config):
+  d = data_config(config)
+  return d.pf_max_tokens or pathfinding.max_tokens(**d.knobs())
+
+
+def _pf_tokenizer(config):
+  """The word vocabulary: the fixed words and enough pool names for every graph."""
+  return pathfinding.tokenizer(data_config(config).pool_size())
+
+
+def _pf_metrics():
+  tok = pathfinding.TOKENIZER        # the fixed words' ids do not depend on the pool size
+  return PathfindingMetrics(tok.token_to_id["->"], tok.token_to_id[pathfinding.DIVIDER])
+
+
+def _prosqa_source(config, num_examples):
+  d = data_config(config)
+  return prosqa.ProsQASource(num_examples, base_seed=config.train.seed,
+                             recurrent_prompt=d.prosqa_recurrent_prompt,
+                             limit=d.prosqa_max_tokens, **d.knobs())
+
+
+def _prosqa_examples(config) -> dict:
+  """{graph size: the held-out examples (raw dicts)}, fixed per config seed."""
+  d = data_config(config)
+  return {n: [prosqa.generate_example((config.train.seed + EVAL_SEED_OFFSET, n, i),
+                                      **d.knobs(n))
+              for i in range(d.eval_examples_per_length)] for n in d.eval_concepts()}
+
+
+def _prosqa_batches(config, examples):
+  d = data_config(config)
+  tokens = [prosqa.tokenize_example(ex, recurrent_prompt=d.prosqa_recurrent_prompt)
+            for ex in examples]
+  return _sized_batches(config, tokens, "prosqa_eval_concepts", "sizes")
+
+
+def _prosqa_eval_batches(config):
+  return _prosqa_batches(config, sum(_prosqa_examples(config).values(), []))
+
+
+def _prosqa_max_len(config):
+  d = data_config(config)
+  if d.prosqa_max_tokens is None:
+    _fail("data.prosqa_max_tokens", None, "a token limit (graphs have no fixed size: "
+          "longer training examples are drawn again); e.g. 320 for 20 concepts")
+  return d.prosqa_max_tokens
+
+
+def _prosqa_evaluate(config, params, cfg, batches, mode, mesh=None):
+  """Teacher-forced loss and exact match over every size, then per size; in exact mode
+  also the answers and chains the model writes itself (eval/prosqa.py), per size and
+  over all."""
+  d = data_config(config)
+  out = evaluate(params, cfg, batches, SequenceMetrics, mode=mode, mesh=mesh)
+  generated = d.prosqa_generate and mode == "exact"
+  per_size, totals = {}, {"answer_acc": 0.0, "path_valid_acc": 0.0, "n": 0}
+  for n, examples in _prosqa_examples(config).items():
+    row = {"seq_acc": evaluate(params, cfg, _prosqa_batches(config, examples),
+                               SequenceMetrics, mode=mode, mesh=mesh)["seq_acc"]}
+    if generated:
+      scores = prosqa_eval.generation_scores(
+          params, cfg, prosqa.tokenizer(), examples, batch_size=d.eval_batch_size,
+          prompt_cf=2 if d.prosqa_recurrent_prompt else 1)
+      for key in ("answer_acc", "path_valid_acc"):
+        row[key] = scores[key]
+        totals[key] += scores[key] * len(examples)
+      totals["n"] += len(examples)
+    per_size[str(n)] = row
+  for key in per_size[str(d.eval_concepts()[0])]:
+    out[f"{key}_by_concepts"] = {n: row[key] for n, row in per_size.items()}
+  if generated:
+    out.update(answer_acc=totals["answer_acc"] / totals["n"],
+               path_valid_acc=totals["path_valid_acc"] / totals["n"])
+  return out
+
+
+def _own_vocabulary_fits(config) -> None:
+  """model.vocab_size holds the task's own vocabulary (a from-scratch model's embedding)."""
+  task = get_task(config)
+  vocab = task.tokenizer(config).vocab_size
+  if not config.model.get("init_from") and config.model.vocab_size < vocab:
+    _fail("model.vocab_size", config.model.vocab_size, f">= {vocab}, the vocabulary of "
+          f"data.task={task.name} with these data fields")
+
+
 def _tokenizer(config):
   path = data_config(config).tokenizer or config.model.init_from
   if not path:
@@ -165,10 +289,10 @@ def _tokenizer(config):
 
 @functools.lru_cache(maxsize=4)
 def _sft_examples(path, tokenizer_dir, seq_len, fmt, chat, add_bos, packed, too_long, limit,
-                  tfds_data_dir):
+                  tfds_data_dir, prompt_cf):
   return sft.SFTSource(path, load_tokenizer(tokenizer_dir), seq_len=seq_len, fmt=fmt, chat=chat,
                        add_bos=add_bos, packed=packed, too_long=too_long, limit=limit,
-                       tfds_data_dir=tfds_data_dir)
+                       tfds_data_dir=tfds_data_dir, prompt_cf=prompt_cf)
 
 
 def _sft_source_for(config, path, packed, limit=None):
@@ -177,7 +301,8 @@ def _sft_source_for(config, path, packed, limit=None):
     _fail("data.path", path, "a JSONL file or 'tfds:NAME:SPLIT' of {question, steps, answer} "
           "or {prompt, response} records")
   return _sft_examples(path, d.tokenizer or config.model.init_from, config.train.seq_len,
-                       d.format, d.chat, d.add_bos, packed, d.too_long, limit, d.tfds_data_dir)
+                       d.format, d.chat, d.add_bos, packed, d.too_long, limit, d.tfds_data_dir,
+                       2 if d.recurrent_prompt else 1)
 
 
 def _sft_train_source(config, num_examples):
@@ -234,6 +359,27 @@ def _lm_block_size(config):
     _fail("data.path", path, f"a prepared dataset directory ({e})")
 
 
+def _validate_lm(config) -> None:
+  _lm_block_size(config)
+  d = data_config(config)
+  manifest = read_manifest(d.path)
+  block, m = manifest["block_size"], config.model
+  family = FAMILIES.get(m.arch, "config field model.arch")
+  if family.bounded_context and block > m.max_seq_len:
+    _fail("model.max_seq_len", m.max_seq_len, f">= the block size {block} of data.path="
+          f"{d.path} (prepare the data with a smaller --block_size)")
+  if config.train.seq_len != block:
+    _fail("train.seq_len", config.train.seq_len, f"{block}, the block size of data.path="
+          f"{d.path} (blocks are never cut or padded)")
+  vocab = manifest["tokenizer"]["vocab_size"]
+  if not m.get("init_from") and m.vocab_size < vocab:
+    _fail("model.vocab_size", m.vocab_size, f">= {vocab}, the vocabulary of data.path="
+          f"{d.path}'s tokenizer")
+  for field, split in (("data.train_split", d.train_split), ("data.eval_split", d.eval_split)):
+    if split not in manifest["splits"]:
+      _fail(field, split, f"a split of data.path={d.path}: {sorted(manifest['splits'])}")
+
+
 _REGISTRY = {
     "s5_retrieval": _make_s5("s5_retrieval", False),
     "s5_word_problem": _make_s5("s5_word_problem", True),
@@ -241,12 +387,20 @@ _REGISTRY = {
     "variable_assignment": Task("variable_assignment", VariableAssignmentData, _va_source,
                                 _va_eval_batches, SequenceMetrics, _va_max_len,
                                 tokenizer=lambda config: byte_tokenizer.TOKENIZER),
+    # word-level, from scratch: the unique shortest path through a generated DAG
+    "pathfinding": Task("pathfinding", PathfindingData, _pf_source, _pf_eval_batches,
+                        _pf_metrics, _pf_max_len, tokenizer=_pf_tokenizer,
+                        check=_own_vocabulary_fits),
+    # word-level, from scratch: which of two concepts an entity is, by a multi-hop chain
+    "prosqa": Task("prosqa", ProsQAData, _prosqa_source, _prosqa_eval_batches, SequenceMetrics,
+                   _prosqa_max_len, evaluate=_prosqa_evaluate,
+                   tokenizer=lambda config: prosqa.tokenizer(), check=_own_vocabulary_fits),
     # supervised fine-tuning on JSONL (GSM8K-Aug or {prompt, response}), HF tokenizer
     "sft": Task("sft", SFTData, _sft_train_source, _sft_eval_batches, SequenceMetrics,
                 _sft_max_len),
     # language modelling on a prepared dataset (data.prepare); bits per byte in 3 views
     "lm": Task("lm", LMData, _lm_train_source, _lm_eval_batches, None, _lm_block_size,
-               evaluate=_lm_evaluate, train_views=True),
+               evaluate=_lm_evaluate, train_views=True, check=_validate_lm),
 }
 TASKS = tuple(_REGISTRY)
 
@@ -291,32 +445,11 @@ def evaluate_checkpoint(workdir, step=None, mode="exact") -> dict:
   return {"step": step, "task": config.data.task, "mode": mode, **results}
 
 
-def _validate_lm(config) -> None:
-  d = data_config(config)
-  manifest = read_manifest(d.path)
-  block, m = manifest["block_size"], config.model
-  family = FAMILIES.get(m.arch, "config field model.arch")
-  if family.bounded_context and block > m.max_seq_len:
-    _fail("model.max_seq_len", m.max_seq_len, f">= the block size {block} of data.path="
-          f"{d.path} (prepare the data with a smaller --block_size)")
-  if config.train.seq_len != block:
-    _fail("train.seq_len", config.train.seq_len, f"{block}, the block size of data.path="
-          f"{d.path} (blocks are never cut or padded)")
-  vocab = manifest["tokenizer"]["vocab_size"]
-  if not m.get("init_from") and m.vocab_size < vocab:
-    _fail("model.vocab_size", m.vocab_size, f">= {vocab}, the vocabulary of data.path="
-          f"{d.path}'s tokenizer")
-  for field, split in (("data.train_split", d.train_split), ("data.eval_split", d.eval_split)):
-    if split not in manifest["splits"]:
-      _fail(field, split, f"a split of data.path={d.path}: {sorted(manifest['splits'])}")
-
-
 def check_source(config, task: Task) -> None:
-  """Checks of a prepared dataset against the config, run before the model's own (so a
+  """The task's checks of its data against the config, run before the model's own (so a
   block size larger than model.max_seq_len is named as such)."""
-  if task.name == "lm":
-    _lm_block_size(config)
-    _validate_lm(config)
+  if task.check is not None:
+    task.check(config)
 
 
 def validate_data(config, task: Task) -> None:

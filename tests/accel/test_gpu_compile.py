@@ -214,3 +214,24 @@ def test_bench_accel_compiles_its_own_functions_for_one_h200(tmp_path):
                        "ttft_1024"}
   assert rows["attention_cudnn"]["fused_attention"] > 0
   assert all(r["total_bytes"] > 0 and r["gemm"] > 0 for r in rows.values())
+
+
+RELEASE_RECIPES = [("pathfinding", "release_smollm2", "smollm2-135m"),
+                   ("pathfinding", "release_qwen", "qwen2.5-0.5b"),
+                   ("prosqa", "release_smollm2", "smollm2-135m"),
+                   ("hotpotqa", "release_smollm2", "smollm2-135m")]
+
+
+@pytest.mark.parametrize("name,variant,shape", RELEASE_RECIPES,
+                         ids=[f"{n}:{v}" for n, v, _ in RELEASE_RECIPES])
+@pytest.mark.gpu_compile
+@needs_cuda_plugin
+def test_the_release_recipes_fit_one_h100(name, variant, shape):
+  """The reasoning tasks' release recipes at their full lengths and batches (accumulated
+  micro-batches), on the model shape their docstring names, fit the one H100 they name."""
+  config = _config(name, variant, **{"model.init_from": shape})
+  r = aot.compile_config(config, "h100-1")
+  (train,) = r["steps"]
+  assert r["fits"], train
+  assert r["mode"] == "jacobi" and r["attention"] == "cudnn"
+  assert train["kernels"]["fused_attention"] > 0

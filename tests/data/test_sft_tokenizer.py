@@ -132,3 +132,25 @@ def test_tfds_records_equal_the_jsonl_ones(tmp_path, tok_dir):
     sft.read_records("tfds:no_such_set:train", data_dir)
   with pytest.raises(ValueError, match="tfds:NAME:SPLIT"):
     sft.read_records("tfds:train", data_dir)
+
+
+def test_a_json_list_file_reads_as_records_and_the_prompt_may_be_recurrent(tok_dir, tmp_path):
+  """Coconut's ProsQA files are one JSON list: `.json` paths read as such (a file that is
+  not a list of objects is one line saying so); prompt_cf=2 marks the prompt recurrent, as
+  the release's CONTROL_FLOW_ALL_RECURRENT does."""
+  from t2mlr_jax.data import prosqa
+  records = [prosqa.sft_record(prosqa.generate_example(i, num_concepts=8, depth_min=2,
+                                                        depth_max=3)) for i in range(3)]
+  path = tmp_path / "prosqa_train.json"
+  path.write_text(json.dumps(records))
+  assert sft.read_records(str(path)) == records
+  (tmp_path / "bad.json").write_text(json.dumps({"question": "q"}))
+  with pytest.raises(ValueError, match="is not a JSON list of objects"):
+    sft.read_records(str(tmp_path / "bad.json"))
+  tok = load_tokenizer(tok_dir)
+  plain = sft.tokenize_record(records[0], tok)
+  recurrent = sft.tokenize_record(records[0], tok, prompt_cf=2)
+  assert (plain["control_flow"] == 1).sum() > 0 and set(recurrent["control_flow"]) == {2}
+  np.testing.assert_array_equal(plain["input_ids"], recurrent["input_ids"])
+  with pytest.raises(ValueError, match=r"prompt_cf=3 is invalid: allowed 1 or 2"):
+    sft.tokenize_record(records[0], tok, prompt_cf=3)

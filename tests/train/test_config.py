@@ -76,8 +76,8 @@ def test_each_task_declares_its_data_config_and_the_group_is_their_union():
     ("sft", "too_long", "truncate", "one of ('error', 'drop')"),
     ("lm", "eval_blocks", 0, "None (every block) or an integer >= 1"),
     ("lm", "eval_batch_size", 0, "an integer >= 1"),
-    ("imagenet", "task", "imagenet", "one of ['lm', 's5_retrieval', 's5_word_problem', "
-     "'sft', 'variable_assignment']"),
+    ("imagenet", "task", "imagenet", "one of ['lm', 'pathfinding', 'prosqa', 's5_retrieval', "
+     "'s5_word_problem', 'sft', 'variable_assignment']"),
 ])
 def test_a_bad_data_field_is_one_line_naming_it_and_the_allowed_values(task, field, value,
                                                                         allowed):
