@@ -1,11 +1,11 @@
-"""A random-access source of generated examples: example i is a pure function of (base_seed,
+"""Generated examples as training data: their token layout, and a random-access source: example i is a pure function of (base_seed,
 i), drawn again (seed (base_seed, i, k), k = 1, 2, ...) while it is longer than `limit`
 tokens, so a fixed seq_len holds every example of a task whose sizes vary (the longest
 draws' tail is cut: the distribution changes there)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -40,3 +40,18 @@ class GeneratedSource:
   def __repr__(self) -> str:
     return (f"{self.name}(num_examples={self.num_examples}, base_seed={self.base_seed}, "
             f"limit={self.limit}{', ' + self.details if self.details else ''})")
+
+
+def prompt_response_example(prompt_ids: Sequence[int], response_ids: Sequence[int], *,
+                            recurrent_prompt: bool = False) -> dict[str, np.ndarray]:
+  """input_ids = prompt + response (the caller adds <bos> and <eos>), target_ids the next
+  token on the response only (the last prompt position predicts its first token; -100
+  elsewhere), control_flow 2 on the response and 1 on the prompt, or 2 there too except
+  its first token with recurrent_prompt (the release's CONTROL_FLOW_ALL_RECURRENT)."""
+  prompt, response = list(prompt_ids), list(response_ids)
+  ids = np.asarray(prompt + response, np.int32)
+  cf = np.asarray([1] + [2 if recurrent_prompt else 1] * (len(prompt) - 1)
+                  + [2] * len(response), np.int32)
+  targets = np.full(len(ids), -100, np.int32)
+  targets[len(prompt) - 1:-1] = response
+  return dict(input_ids=ids, target_ids=targets, control_flow=cf)

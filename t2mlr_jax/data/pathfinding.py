@@ -45,7 +45,7 @@ import numpy as np
 from absl import flags
 
 from t2mlr_jax import cli, paths
-from t2mlr_jax.data.generated import GeneratedSource
+from t2mlr_jax.data.generated import GeneratedSource, prompt_response_example
 from t2mlr_jax.data.word_tokenizer import WordTokenizer
 
 PROMPT_HEADER = "Find the shortest path in this directed graph.\n"
@@ -346,12 +346,7 @@ def tokenize_example(example: dict, tokenizer: WordTokenizer | None = None,
   tok = tokenizer or TOKENIZER
   prompt = [tok.bos_id] + tok.encode(example["prompt"])
   response = tok.encode(example["response"]) + [tok.eos_id]
-  ids = np.asarray(prompt + response, np.int32)
-  cf = np.asarray([1] + [2 if recurrent_prompt else 1] * (len(prompt) - 1)
-                  + [2] * len(response), np.int32)
-  targets = np.full(len(ids), -100, np.int32)
-  targets[len(prompt) - 1:-1] = response
-  return dict(input_ids=ids, target_ids=targets, control_flow=cf)
+  return prompt_response_example(prompt, response, recurrent_prompt=recurrent_prompt)
 
 
 def max_tokens(**knobs) -> int:

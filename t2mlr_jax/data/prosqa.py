@@ -37,7 +37,7 @@ from typing import Sequence, Union
 import numpy as np
 
 from t2mlr_jax import paths
-from t2mlr_jax.data.generated import GeneratedSource
+from t2mlr_jax.data.generated import GeneratedSource, prompt_response_example
 from t2mlr_jax.data.word_tokenizer import WordTokenizer
 
 # The 17 entity names of the public files.
@@ -234,12 +234,7 @@ def tokenize_example(example: dict, tokenizer: WordTokenizer | None = None,
   tok = tokenizer or _default_tokenizer()
   prompt = [tok.bos_id] + tok.encode(example["question"] + "\n")
   response = tok.encode(response_text(example)) + [tok.eos_id]
-  ids = np.asarray(prompt + response, np.int32)
-  cf = np.asarray([1] + [2 if recurrent_prompt else 1] * (len(prompt) - 1)
-                  + [2] * len(response), np.int32)
-  targets = np.full(len(ids), -100, np.int32)
-  targets[len(prompt) - 1:-1] = response
-  return dict(input_ids=ids, target_ids=targets, control_flow=cf)
+  return prompt_response_example(prompt, response, recurrent_prompt=recurrent_prompt)
 
 
 class ProsQASource(GeneratedSource):
