@@ -20,7 +20,7 @@ is the answer (data/hotpotqa.py):
 
 The files come from hotpotqa.github.io (none is downloaded at run time). Sized for one
 H100 (python -m t2mlr_jax.compile --config=configs/hotpotqa.py:release_smollm2
---target=h100-1).
+--config.model.init_from=smollm2-135m --topology=h100-1).
 
 Variants: release_smollm2 (the default), tiny (the synthetic records of data/tiny on the
 tiny random base model: python -m t2mlr_jax.data.tiny).

@@ -27,8 +27,8 @@ step, Jacobi 16/4, every token recurrent, gate init 0.5 with gain 1e-2):
     python -m t2mlr_jax.main --config=configs/pathfinding.py:release_qwen \\
         --config.model.init_from=DIR    # Qwen2.5-0.5B, L 8..-9
 
-Sized for one H100 (80 GB; python -m t2mlr_jax.compile --config=...:release_qwen
---target=h100-1) and a v5e-8 slice (--target=v5e-8).
+Sized for one H100 (python -m t2mlr_jax.compile --config=configs/pathfinding.py:release_qwen
+--config.model.init_from=qwen2.5-0.5b --topology=h100-1: 54.5 of 58.7 GiB).
 
 Variants: default, transformer, all_layers, lrt, release_smollm2, release_qwen, tiny.
 """

@@ -26,7 +26,7 @@ gain 1e-2. Where ours differs: the release also puts the loss on the prompt
         --config.model.init_from=DIR    # SmolLM2-135M: HF directory or converted GGUF
 
 Sized for one H100 (python -m t2mlr_jax.compile --config=configs/prosqa.py:release_smollm2
---target=h100-1).
+--config.model.init_from=smollm2-135m --topology=h100-1).
 
 Variants: default, transformer, all_layers, lrt, release_smollm2, tiny.
 """

@@ -303,15 +303,3 @@ def test_the_clis_skip_the_tpu_backend_on_a_host_without_tpus():
                          env={**env, "JAX_PLATFORMS": "cpu"}, timeout=300)
   assert given.stdout.split() == ["None", "cpu"]          # a user's choice stands
 
-
-@pytest.mark.tpu_compile
-@needs_libtpu
-def test_the_pathfinding_release_recipe_fits_a_v5e_8_slice():
-  """configs/pathfinding.py:release_qwen (Qwen2.5-0.5B's shape, 64 x 4096 tokens a step in
-  8 accumulated micro-batches, Jacobi 16/4) on the v5e-8 slice its docstring names, under
-  the default matmul precision as the compile tool runs (conftest forces 'highest', which
-  splash's bf16 kernel refuses)."""
-  c = _config("pathfinding", "release_qwen", **{"model.init_from": "qwen2.5-0.5b"})
-  with jax.default_matmul_precision("default"):
-    r = _report(c, "v5e-8")
-  assert r["fits"] and r["mode"] == "jacobi" and r["attention"] == "splash"
