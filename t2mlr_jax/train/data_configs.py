@@ -29,6 +29,14 @@ def _check_ints(config, minimum: int, *names) -> None:
       _fail(f"data.{name}", value, f"an integer >= {minimum}")
 
 
+def _int_list(name: str, value, example: str) -> list[int]:
+  """The sorted distinct integers of a comma-separated field (e.g. eval lengths)."""
+  try:
+    return sorted({int(x) for x in str(value).split(",") if x.strip()})
+  except ValueError:
+    _fail(f"data.{name}", value, f"comma-separated integers, e.g. '{example}'")
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """The fields every task reads: the task and the input pipeline's."""
@@ -75,10 +83,7 @@ class S5WordProblemData(DataConfig):
   def lengths(self) -> list[int]:
     """The evaluated numbers of actions: eval_lengths, else eval_min..eval_max_actions."""
     if self.eval_lengths:
-      try:
-        lengths = sorted({int(x) for x in str(self.eval_lengths).split(",") if x.strip()})
-      except ValueError:
-        _fail("data.eval_lengths", self.eval_lengths, "comma-separated integers, e.g. '8,16,32'")
+      lengths = _int_list("eval_lengths", self.eval_lengths, "8,16,32")
       if not lengths or lengths[0] < 1:
         _fail("data.eval_lengths", self.eval_lengths, "positive integers")
       return lengths
@@ -181,10 +186,7 @@ class PathfindingData(DataConfig):
     """The backbone lengths evaluated (pf_eval_lengths, else the training range)."""
     if not self.pf_eval_lengths:
       return list(range(self.pf_path_min, self.pf_path_max + 1))
-    try:
-      lengths = sorted({int(x) for x in str(self.pf_eval_lengths).split(",") if x.strip()})
-    except ValueError:
-      _fail("data.pf_eval_lengths", self.pf_eval_lengths, "comma-separated integers, e.g. '4,6'")
+    lengths = _int_list("pf_eval_lengths", self.pf_eval_lengths, "4,6")
     if not lengths:
       _fail("data.pf_eval_lengths", self.pf_eval_lengths, "at least one length")
     return lengths
@@ -235,11 +237,7 @@ class ProsQAData(DataConfig):
     """The graph sizes evaluated (prosqa_eval_concepts, else the trained one)."""
     if not self.prosqa_eval_concepts:
       return [self.prosqa_concepts]
-    try:
-      sizes = sorted({int(x) for x in str(self.prosqa_eval_concepts).split(",") if x.strip()})
-    except ValueError:
-      _fail("data.prosqa_eval_concepts", self.prosqa_eval_concepts,
-            "comma-separated integers, e.g. '10,14'")
+    sizes = _int_list("prosqa_eval_concepts", self.prosqa_eval_concepts, "10,14")
     if not sizes:
       _fail("data.prosqa_eval_concepts", self.prosqa_eval_concepts, "at least one size")
     return sizes
