@@ -6,10 +6,37 @@ match is stricter: another valid chain to the right answer counts here, not ther
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Sequence
 
 from t2mlr_jax.data import prosqa
 from t2mlr_jax.eval.downstream import generate_texts
+from t2mlr_jax.eval.sequence import SequenceMetrics
+
+
+class SizedMetrics(SequenceMetrics):
+  """SequenceMetrics plus `seq_acc_by_concepts`: the eval rows come in blocks of `per_size`
+  examples, one block per graph size of `sizes`, in order (filler rows only at the end)."""
+
+  def __init__(self, sizes: Sequence[int], per_size: int):
+    super().__init__()
+    self.sizes, self.per_size, self.seen = list(sizes), int(per_size), 0
+    self.right, self.total = defaultdict(int), defaultdict(int)
+
+  def update_rows(self, right, supervised, rows, batch) -> None:
+    """Count each row under its block's graph size."""
+    for b in rows:
+      n = self.sizes[self.seen // self.per_size]
+      self.seen += 1
+      self.total[n] += 1
+      self.right[n] += int(right[b].all())
+
+  def result(self) -> dict:
+    """SequenceMetrics' result and `seq_acc_by_concepts` ({size: exact match})."""
+    out = super().result()
+    out["seq_acc_by_concepts"] = {str(n): self.right[n] / self.total[n] for n in self.sizes
+                                  if self.total[n]}
+    return out
 
 
 def generation_scores(params, cfg, tokenizer, examples: Sequence[dict], *, prompt_cf: int = 1,

@@ -244,30 +244,23 @@ def _prosqa_max_len(config):
 
 
 def _prosqa_evaluate(config, params, cfg, batches, mode, mesh=None):
-  """Teacher-forced loss and exact match over every size, then per size; in exact mode
-  also the answers and chains the model writes itself (eval/prosqa.py), per size and
+  """Teacher-forced loss and exact match, over all and per graph size (one pass); in exact
+  mode also the answers and chains the model writes itself (eval/prosqa.py), per size and
   over all."""
   d = data_config(config)
-  out = evaluate(params, cfg, batches, SequenceMetrics, mode=mode, mesh=mesh)
-  generated = d.prosqa_generate and mode == "exact"
-  per_size, totals = {}, {"answer_acc": 0.0, "path_valid_acc": 0.0, "n": 0}
-  for n, examples in _prosqa_examples(config).items():
-    row = {"seq_acc": evaluate(params, cfg, _prosqa_batches(config, examples),
-                               SequenceMetrics, mode=mode, mesh=mesh)["seq_acc"]}
-    if generated:
-      scores = prosqa_eval.generation_scores(
-          params, cfg, prosqa.tokenizer(), examples, batch_size=d.eval_batch_size,
-          prompt_cf=2 if d.prosqa_recurrent_prompt else 1)
-      for key in ("answer_acc", "path_valid_acc"):
-        row[key] = scores[key]
-        totals[key] += scores[key] * len(examples)
-      totals["n"] += len(examples)
-    per_size[str(n)] = row
-  for key in per_size[str(d.eval_concepts()[0])]:
+  metrics = functools.partial(prosqa_eval.SizedMetrics, d.eval_concepts(),
+                              d.eval_examples_per_length)
+  out = evaluate(params, cfg, batches, metrics, mode=mode, mesh=mesh)
+  if not (d.prosqa_generate and mode == "exact"):
+    return out
+  per_size = {str(n): prosqa_eval.generation_scores(
+      params, cfg, prosqa.tokenizer(), examples, batch_size=d.eval_batch_size,
+      prompt_cf=2 if d.prosqa_recurrent_prompt else 1)
+      for n, examples in _prosqa_examples(config).items()}
+  for key in ("answer_acc", "path_valid_acc"):
     out[f"{key}_by_concepts"] = {n: row[key] for n, row in per_size.items()}
-  if generated:
-    out.update(answer_acc=totals["answer_acc"] / totals["n"],
-               path_valid_acc=totals["path_valid_acc"] / totals["n"])
+    out[key] = sum(row[key] * row["num_examples"] for row in per_size.values()) / sum(
+        row["num_examples"] for row in per_size.values())
   return out
 
 

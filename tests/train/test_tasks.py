@@ -134,3 +134,21 @@ def test_hotpotqa_trains_as_sft_and_is_scored_by_em_and_f1(tmp_path, monkeypatch
   with open(os.path.join(TESTS_DIR, "data", "fixtures", "hotpotqa_small.json")) as f:
     gold = [r["answer"] for r in json.load(f)]
   assert [r["gold"] for r in rows] == gold
+
+
+def test_one_evaluation_pass_counts_each_graph_size_by_its_block():
+  """ProsQA's eval rows come in blocks of eval_examples_per_length per size: one pass over
+  all batches gives each size's exact match (filler rows at the end counted nowhere)."""
+  metrics = prosqa_eval.SizedMetrics([7, 9], per_size=3)
+  targets = np.full((4, 5), -100, np.int32)
+  targets[:, 2] = 5
+  first = {"target_ids": targets}
+  pred = np.where(targets >= 0, targets, 0)
+  pred[1, 2] = 6                                   # size 7: row 1 of 3 wrong
+  metrics.update(pred, first)                      # rows 0-2: size 7, row 3: size 9
+  second = {"target_ids": targets.copy()}
+  second["target_ids"][2:] = -100                  # two filler rows
+  metrics.update(np.where(second["target_ids"] >= 0, 5, 0), second)
+  out = metrics.result()
+  assert out["seq_acc_by_concepts"] == {"7": pytest.approx(2 / 3), "9": 1.0}
+  assert out["num_examples"] == 6
