@@ -160,9 +160,10 @@ def _prefill_left_padded(params, cfg, prompt, lengths, cache_len, prompt_cf,
 
 @functools.partial(jax.jit, static_argnames=(
     "cfg", "max_new_tokens", "temperature", "top_k", "top_p", "eos_id",
-    "recurrent_prompt", "return_logits", "prefill_mode", "prefill_tol"))
+    "recurrent_prompt", "return_logits", "prefill_mode", "prefill_tol", "return_logprobs"))
 def _generate(params, cfg, prompt, lengths, prompt_cf, rng, max_new_tokens, temperature, top_k,
-              top_p, eos_id, recurrent_prompt, return_logits, prefill_mode, prefill_tol):
+              top_p, eos_id, recurrent_prompt, return_logits, prefill_mode, prefill_tol,
+              return_logprobs=False):
   B, P = prompt.shape
   N = max_new_tokens
   logits, dec = _prefill_left_padded(params, cfg, prompt, lengths, P + N, prompt_cf,
@@ -170,7 +171,12 @@ def _generate(params, cfg, prompt, lengths, prompt_cf, rng, max_new_tokens, temp
   keys = jax.random.split(rng, N)
   fill = 0 if eos_id is None else eos_id
   tokens = jnp.full((B, N), fill, jnp.int32)
-  step_logits = jnp.zeros((B, N, cfg.vocab_size), jnp.float32) if return_logits else None
+  if return_logits:
+    step_logits = jnp.zeros((B, N, cfg.vocab_size), jnp.float32)
+  elif return_logprobs:     # each drawn token's log-probability at the sampling temperature
+    step_logits = jnp.zeros((B, N), jnp.float32)
+  else:
+    step_logits = None
 
   def emit(i, logits, tokens, step_logits, done):
     tok = sample(logits, keys[i], temperature, top_k, top_p)
@@ -180,11 +186,15 @@ def _generate(params, cfg, prompt, lengths, prompt_cf, rng, max_new_tokens, temp
     tokens = tokens.at[:, i].set(tok)
     if return_logits:
       step_logits = step_logits.at[:, i].set(logits)
+    elif return_logprobs:
+      logp = jax.nn.log_softmax(logits.astype(jnp.float32) / (temperature or 1.0), axis=-1)
+      step_logits = step_logits.at[:, i].set(jnp.take_along_axis(logp, tok[:, None], -1)[:, 0])
     return tok, tokens, step_logits, done
 
   tok, tokens, step_logits, done = emit(0, logits, tokens, step_logits, jnp.zeros((B,), bool))
+  extra = return_logits or return_logprobs
   if N == 1:                 # time to first token: no decode loop, no weight split
-    return (tokens, step_logits) if return_logits else tokens
+    return (tokens, step_logits) if extra else tokens
   layers = split_layers(params["layers"])
 
   def cond(carry):
@@ -198,7 +208,7 @@ def _generate(params, cfg, prompt, lengths, prompt_cf, rng, max_new_tokens, temp
     return i + 1, tok, dec, tokens, step_logits, done
 
   carry = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, dec, tokens, step_logits, done))
-  return (carry[3], carry[4]) if return_logits else carry[3]
+  return (carry[3], carry[4]) if extra else carry[3]
 
 
 def _prompt_control_flow(value, B: int, P: int):
@@ -300,7 +310,7 @@ def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
              top_p: Optional[float] = None, eos_id: Optional[int] = None, rng=None,
              prompt_lengths=None, prompt_control_flow=2, pad_id: Optional[int] = None,
              return_logits: bool = False, prefill: str = "exact",
-             prefill_tol: Optional[float] = None):
+             prefill_tol: Optional[float] = None, return_logprobs: bool = False):
   """New tokens [B, max_new_tokens] after `prompt_tokens` [B, P] (exact recurrence).
 
   Prompts are left-padded: row b's real tokens are its last prompt_lengths[b]
@@ -310,7 +320,9 @@ def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
   token recurrent), 1 (SFT models trained with non-recurrent prompts, as the official
   generate()), or a [B, P] array of 1s and 2s per prompt token (e.g. a task's control
   flow; entries at left padding are ignored). After a row emits `eos_id`, it repeats eos_id. With
-  return_logits, also the logits each token was chosen from [B, N, V].
+  return_logits, also the logits each token was chosen from [B, N, V]; with return_logprobs
+  (and not return_logits), each drawn token's log softmax(logits / temperature) [B, N]
+  (temperature 0: of the logits), without the [B, N, V] buffer.
   prefill="jacobi" prefills the prompt with parallel Jacobi sweeps until
   max|Δstate| < prefill_tol (at most P sweeps: exact when prefill_tol is None) instead
   of token by token.
@@ -322,7 +334,8 @@ def generate(params, cfg: ModelConfig, prompt_tokens, *, max_new_tokens: int,
   return _generate(params, cfg, jnp.asarray(prompt_tokens, jnp.int32), lengths, prompt_cf, rng,
                    int(max_new_tokens), float(temperature), top_k,
                    None if top_p is None else float(top_p), eos_id, recurrent,
-                   return_logits, prefill, None if prefill_tol is None else float(prefill_tol))
+                   return_logits, prefill, None if prefill_tol is None else float(prefill_tol),
+                   return_logprobs)
 
 
 _stream_prefill = jax.jit(_prefill_left_padded, static_argnames=(
