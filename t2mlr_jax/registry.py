@@ -1,6 +1,6 @@
 """The library's extension points, each a registry of objects that declare everything the
 library needs of them: recurrence types (`RecurrenceType`), training schedules
-(`Schedule`) and model families (`ModelFamily`). The built-in entries register themselves in
+(`Schedule`), model families (`ModelFamily`) and RL rewards (`Reward`). The built-in entries register themselves in
 their own files (`model/recurrence/t2mlr.py`, `model/schedules/jacobi.py`, ...); a
 user's file registers its own the same way and is imported first with `--user_module`
 (`import_user_module`). Everything else iterates over the registries and reads the
@@ -279,6 +279,16 @@ class ModelFamily:
   source: str = ""             # the module that registered it
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Reward:
+  """A verifiable reward for RL (`rl.reward`): fn(completion, record) -> float, where
+  completion is a sampled response's text (up to EOS) and record {prompt, response} the
+  example's prompt and gold response as text (train/rewards.py has the built-in ones)."""
+  name: str                    # what configs call it: rl.reward
+  fn: Callable
+  source: str = ""             # the module that registered it
+
+
 def _same_option_defaults(entry: Schedule, others) -> None:
   """Two schedules may share an option only with the same default (one config field)."""
   mine = entry.option_defaults()
@@ -295,6 +305,7 @@ RECURRENCES: Registry[RecurrenceType] = Registry("recurrence type", "recurrence.
 FAMILIES: Registry[ModelFamily] = Registry("model family", "model.arch", "t2mlr_jax.model.api")
 SCHEDULES: Registry[Schedule] = Registry("schedule", "mode", "t2mlr_jax.model.schedules",
                                          check=_same_option_defaults)
+REWARDS: Registry[Reward] = Registry("reward", "rl.reward", "t2mlr_jax.train.rewards")
 
 
 def schedule_option_defaults() -> dict:
