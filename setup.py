@@ -37,7 +37,8 @@ setup(
     extras_require={
         "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "torch==2.13.0", "transformers>=4.57,<6",
                  "accelerate>=1.0,<2", "ruff==0.17.6", "openai>=1.30,<4", "selenium>=4.20,<5",
-                 "tenacity>=8,<10", *SERVE],   # tenacity: lm-eval's API models (local-completions)
+                 "tenacity>=8,<10", "trl==1.16.0", *SERVE],   # tenacity: lm-eval's API models;
+                 # trl: its GRPO loss, checked against ours (tests/train/test_grpo.py)
         "serve": SERVE,
         "tpu": ["jax[tpu]>=0.7,<0.12"],
         # lm-evaluation-harness: python -m t2mlr_jax.lm_eval (docs/evaluation.md)
