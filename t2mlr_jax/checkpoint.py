@@ -526,6 +526,18 @@ def load(workdir: str, step: Optional[int] = None):
     ckpt.manager.close()
 
 
+def load_model_config(workdir: str, step: Optional[int] = None):
+  """The model config a training run's checkpoint records (latest step by default),
+  without reading its arrays."""
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    step = ckpt.latest_step() if step is None else step
+    meta = ckpt.check_format(step, ckpt.read_json(step, "meta"))
+    return model_config_from_meta(meta)
+  finally:
+    ckpt.manager.close()
+
+
 def load_config(workdir: str, step: Optional[int] = None) -> config_dict.ConfigDict:
   """The experiment config saved with a checkpoint (latest step by default)."""
   ckpt = Checkpointer(workdir, read_only=True)

@@ -23,9 +23,8 @@ def pretrained_config(path: str, **overrides) -> ModelConfig:
   the pretrained context is allowed (positions there were never trained) and logged."""
   if "recurrence" in overrides:
     overrides["recurrence"] = hf.check_retrofit(overrides["recurrence"], "model.init_from")
-  if checkpoint.is_export(path):
-    with open(os.path.join(path, checkpoint.EXPORT_CONFIG)) as f:
-      base = checkpoint.model_config_from_meta(json.load(f))
+  if checkpoint.is_export(path) or _is_run(path):
+    base = _saved_config(path)
     if not isinstance(base, ModelConfig):
       raise ValueError(f"{path} holds a {type(base).__name__}, not a transformer")
     base = base.replace(recurrence=None)
@@ -34,7 +33,8 @@ def pretrained_config(path: str, **overrides) -> ModelConfig:
       base = hf.config_from_hf(json.load(f))
   else:
     raise ValueError(f"model.init_from={path!r} is neither a Hugging Face directory "
-                     "(config.json) nor a parameter export (model.json)")
+                     "(config.json), a parameter export (model.json) nor a training workdir "
+                     "(checkpoints/<step>)")
   longer = overrides.get("max_seq_len")
   if longer is not None and longer > base.max_seq_len:
     logging.warning("model.max_seq_len=%d exceeds the pretrained model's context of %d "
@@ -43,12 +43,26 @@ def pretrained_config(path: str, **overrides) -> ModelConfig:
   return base.replace(**overrides)
 
 
+def _is_run(path: str) -> bool:
+  """A training workdir with a saved step (its latest is what init_from loads: a run
+  fine-tuned further, e.g. RL after SFT)."""
+  return bool(checkpoint.saved_steps(path))
+
+
+def _saved_config(path: str):
+  """The model config an export or a workdir's latest checkpoint records."""
+  if checkpoint.is_export(path):
+    with open(os.path.join(path, checkpoint.EXPORT_CONFIG)) as f:
+      return checkpoint.model_config_from_meta(json.load(f))
+  return checkpoint.load_model_config(path)
+
+
 def load_pretrained(path: str, *, recurrence: Optional[RecurrenceConfig], seed: int = 0):
   """(cfg, params): the pretrained weights, with `recurrence` (fresh, keeping the
   pretrained function: its type's `retrofit`, unless the export already holds that
   recurrence's weights, the same leaves of the same shapes) or without one."""
   recurrence = hf.check_retrofit(recurrence, "model.init_from")
-  if not checkpoint.is_export(path):
+  if not (checkpoint.is_export(path) or _is_run(path)):
     return hf.from_hf(path, recurrence=recurrence, seed=seed)
   saved_cfg, params = checkpoint.load(path)
   base, old = hf.split_base(params, saved_cfg)

@@ -35,7 +35,7 @@ from t2mlr_jax.convert.pretrained import load_pretrained
 from t2mlr_jax.data.pipeline import make_iterator
 from t2mlr_jax.eval import runner
 from t2mlr_jax.registry import family_of
-from t2mlr_jax.train import config as config_lib, tasks as tasks_lib
+from t2mlr_jax.train import config as config_lib, rl as rl_lib, tasks as tasks_lib
 from t2mlr_jax.train.metrics import MetricsWriter, Progress
 from t2mlr_jax.train.optimizer import make_optimizer
 from t2mlr_jax.train.step import (
@@ -123,7 +123,7 @@ def _record_run(workdir, config):
 # metrics logged as their mean over the log window (`loss_window` steps); the others are
 # the window's last step. Jacobi's sweeps vary by step under a tolerance: their mean times
 # the window is what `flops.train_flops_spent` counts.
-WINDOW_MEANS = ("loss", "jacobi_sweeps")
+WINDOW_MEANS = ("loss", "jacobi_sweeps", "reward_mean", "completion_length", "kl", "clip_fraction")
 
 
 def _say(message: str) -> None:
@@ -232,6 +232,7 @@ class _Run:
   saved_step: Optional[int] = None
   resumed_step: Optional[int] = None
   eval_batches: Any = None
+  reference: Any = None          # RL's KL reference: the run's starting parameters
 
   @property
   def t(self):
@@ -255,7 +256,11 @@ def _setup(config, workdir: str) -> _Run:
   mesh = sharding.make_mesh(dict(config.mesh), model_width=getattr(cfg, "d_model", None))
   check_batch(t.batch_size, t.get("grad_accum_steps", 1), mesh)
   mode = config_lib.train_mode(config, cfg)
-  tx, schedule = make_optimizer(config_lib.optimizer_config(config), t.num_steps, cfg)
+  if rl_lib.rl_config(config) is not None:
+    rl_lib.check(config, cfg, task)
+  # the schedule counts optimizer updates: RL takes rl.iterations of them a step
+  tx, schedule = make_optimizer(config_lib.optimizer_config(config),
+                                t.num_steps * rl_lib.updates_per_step(config), cfg)
   is_main = jax.process_index() == 0
   _prepare_workdir(workdir, t.get("resume_step"), is_main)
   return _Run(config, workdir, task, cfg, mode, mesh, tx, schedule, is_main)
@@ -306,12 +311,23 @@ def _restore(run: _Run) -> None:
     run.state = _resume(run, latest)
     run.resumed_step = latest
   else:
-    run.state = create_state(run.cfg, run.tx, jax.random.PRNGKey(run.t.seed), run.mesh)
+    run.state = _starting_state(run)
     run.writer.truncate_after(0)        # records of an earlier attempt that saved nothing
-    if config.model.init_from:
-      run.state = _init_from_pretrained(run.state, config, run.cfg, run.tx, run.shardings)
+  rl = rl_lib.rl_config(config)
+  if rl is not None and rl.beta > 0:
+    # a copy (the train step donates the state's buffers); rebuilt the same way on resume
+    start = run.state if latest is None else _starting_state(run)
+    run.reference = jax.tree.map(lambda a: a.copy(), start.params)
   if run.is_main:
     _record_run(run.workdir, config)
+
+
+def _starting_state(run: _Run):
+  """The step-0 state: a fresh init from train.seed, or `model.init_from`'s weights."""
+  state = create_state(run.cfg, run.tx, jax.random.PRNGKey(run.t.seed), run.mesh)
+  if run.config.model.init_from:
+    state = _init_from_pretrained(state, run.config, run.cfg, run.tx, run.shardings)
+  return state
 
 
 def _resume(run: _Run, latest: int):
@@ -401,18 +417,26 @@ def _steps(run: _Run, cleanup: contextlib.ExitStack, progress: bool) -> dict:
   """The step loop to `train.stop_after_steps` (or the end, or a stop signal): logs,
   evaluations and checkpoints at their cadences; returns the last logged metrics."""
   t = run.t
-  train_step = make_train_step(run.cfg, run.tx, run.schedule, run.mode, run.mesh,
-                               t.get("loss_chunk"), t.get("grad_accum_steps", 1), t.num_steps)
+  if rl_lib.rl_config(run.config) is not None:
+    train_step = rl_lib.RLStep(run.config, run.cfg, run.tx, run.schedule, run.mesh,
+                               t.num_steps, run.reference, tasks_lib.task_tokenizer(run.config))
+    step_flops = 0       # sampling and scoring: not the cost model's next-token step
+    what = f"GRPO step (sampler, {train_step.rl.score_mode} scorer)"
+  else:
+    train_step = make_train_step(run.cfg, run.tx, run.schedule, run.mode, run.mesh,
+                                 t.get("loss_chunk"), t.get("grad_accum_steps", 1),
+                                 t.num_steps)
+    step_flops = _step_flops(run.cfg, t, run.mode)
+    what = f"{run.mode} train step"
   data_sharding = sharding.batch_sharding(run.mesh)
   step = first_step = int(jax.device_get(run.state.step))
   stop_at = t.num_steps if t.stop_after_steps is None else t.stop_after_steps
-  step_flops = _step_flops(run.cfg, t, run.mode)
   bar = cleanup.enter_context(contextlib.closing(
       Progress(t.num_steps, step, enabled=progress and run.is_main)))
   window, last = [], {}
   window_start = time.perf_counter()
   if step < stop_at:
-    _say(f"compiling the {run.mode} train step (tens of seconds on a CPU); the first log "
+    _say(f"compiling the {what} (tens of seconds on a CPU); the first log "
          f"line comes after step {min((step // t.log_every + 1) * t.log_every, stop_at)}")
   with _StopSignal() as stop:
     while step < stop_at:

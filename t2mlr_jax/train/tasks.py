@@ -415,6 +415,12 @@ def own_tokenizer(config):
   return task.tokenizer(config)
 
 
+def task_tokenizer(config):
+  """The tokenizer of the task's text: its own vocabulary's (`own_tokenizer`), else the
+  one data.tokenizer or model.init_from names (what RL decodes completions with)."""
+  return own_tokenizer(config) or _tokenizer(config)
+
+
 def run_eval(task: Task, config, params, cfg, batches, mode: str = "exact", mesh=None) -> dict:
   """The task's evaluation of `params` on fixed batches under one forward mode (with the
   trainer's mesh: batches split over its batch axes, as training's are)."""
