@@ -29,7 +29,7 @@ from t2mlr_jax.convert.pretrained import pretrained_config
 from t2mlr_jax.eval import bpb, runner
 from t2mlr_jax.model import decode
 from t2mlr_jax.registry import family_of
-from t2mlr_jax.train import config as config_lib
+from t2mlr_jax.train import config as config_lib, rl as rl_lib, tasks
 from t2mlr_jax.train.optimizer import make_optimizer
 from t2mlr_jax.train.step import abstract_state, check_batch, make_train_step, state_shardings
 
@@ -188,9 +188,11 @@ def _step_entry(name, compiled, seconds, topo, step_flops, extra, keep_text=Fals
   text = compiled.as_text()
   collectives, kernels = _hlo_counts(text, topo.platform)
   per_device = step_flops / topo.num_devices if step_flops else None
+  # arrays the device holds beside this program's own (RL: the reference model)
+  held = mem["total_bytes"] + extra.get("resident_bytes", 0)
   entry = {"step": name, **extra, "compile_seconds": round(seconds, 1), **mem,
-           "hbm_bytes": topo.hbm_bytes, "fits": mem["total_bytes"] <= topo.hbm_bytes,
-           "headroom_bytes": topo.hbm_bytes - mem["total_bytes"],
+           "hbm_bytes": topo.hbm_bytes, "fits": held <= topo.hbm_bytes,
+           "headroom_bytes": topo.hbm_bytes - held,
            "collectives": collectives, "kernels": kernels,
            "mosaic_kernels": kernels.get("mosaic", 0),
            "model_flops_per_device": per_device,
@@ -228,7 +230,8 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
   check_batch(t.batch_size, k, mesh)
   family = family_of(cfg)
   cfg = family.for_devices(cfg, devices)
-  tx, schedule = make_optimizer(config_lib.optimizer_config(config), t.num_steps, cfg)
+  tx, schedule = make_optimizer(config_lib.optimizer_config(config),
+                                t.num_steps * rl_lib.updates_per_step(config), cfg)
   state = abstract_state(cfg, tx)
   shardings = state_shardings(cfg, tx, mesh)
   replicated, total = sharding.replicated_bytes(state, shardings)
@@ -250,13 +253,18 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
       "replicated_arrays": _replicated_params(state.params, shardings.params),
       "steps": []}
   jax_steps = []
-  if "train" in steps:
+  params_abs = _abstract(state.params, shardings.params)
+  if "train" in steps and rl_lib.rl_config(config) is not None:
+    # an RL config's train step is GRPO's update, and its sampler beside it
+    rl_lib.check(config, cfg, tasks.get_task(config), needs_tokenizer=False)
+    jax_steps += rl_lib.aot_steps(config, cfg, tx, schedule, mesh, _abstract(state, shardings),
+                                  params_abs)
+  elif "train" in steps:
     step = make_train_step(cfg, tx, schedule, mode, mesh, t.get("loss_chunk"), k, t.num_steps)
     args = (_abstract(state, shardings), _batch(batch_keys(config), t.batch_size, t.seq_len,
                                                 mesh))
     step_flops = family.train_step_flops(cfg, t.batch_size, t.seq_len, mode)
     jax_steps.append(("train", step, args, step_flops, {"mode": mode}))
-  params_abs = _abstract(state.params, shardings.params)
   if "eval" in steps:
     jax_steps.append(_eval_step(config, cfg, mesh, params_abs))
   if "decode" in steps:
@@ -396,9 +404,14 @@ def format_report(report: dict) -> str:
     floor = ("" if s["step_seconds_floor"] is None else
              f"; model FLOPs {s['model_flops_per_device']:.3g} per device, >= "
              f"{s['step_seconds_floor'] * 1e3:.3g} ms at {r['peak_text']} (a floor)")
+    # RL's programs: their rows, and what the device holds beside them (the reference)
+    rows = (f" ({s['rows']} rows of {s['prompt_width']} + {s['completion_tokens']} tokens)"
+            if "rows" in s else "")
+    beside = (f" + {_gib(s['resident_bytes'])} held beside it"
+              if s.get("resident_bytes") else "")
     lines.append(
-        f"  {s['step']}: {verdict}: {_gib(s['total_bytes'])} of {_gib(s['hbm_bytes'])} "
-        f"per device (arguments {_gib(s['argument_bytes'])}, temporaries "
+        f"  {s['step']}{rows}: {verdict}: {_gib(s['total_bytes'])}{beside} of "
+        f"{_gib(s['hbm_bytes'])} per device (arguments {_gib(s['argument_bytes'])}, temporaries "
         f"{_gib(s['temp_bytes'])}, outputs {_gib(s['output_bytes'])}, aliased "
         f"{_gib(s['alias_bytes'])}), headroom {_gib(s['headroom_bytes'])}; compiled in "
         f"{s['compile_seconds']:.0f} s; collectives: {coll}; {kernels}{floor}")

@@ -24,6 +24,8 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
+from t2mlr_jax import sharding
+from t2mlr_jax.model import decode
 from t2mlr_jax.registry import REWARDS, family_of
 from t2mlr_jax.train import grpo
 from t2mlr_jax.train.config import config_fields, data_config
@@ -52,13 +54,15 @@ def updates_per_step(config) -> int:
   return 1 if rl is None else rl.iterations
 
 
-def check(config, cfg, task) -> None:
-  """What RL needs of the rest of the config, each refusal naming its field."""
+def check(config, cfg, task, needs_tokenizer: bool = True) -> None:
+  """What RL needs of the rest of the config, each refusal naming its field (the compile
+  tool, which reads no text, skips the tokenizer's)."""
   rl = rl_config(config)
   if getattr(data_config(config), "packed", False):
     raise ValueError("data.packed=True is invalid under RL: allowed False (each row one "
                      "example, cut into its prompt and gold response)")
-  if task.tokenizer is None and not (config.data.get("tokenizer") or config.model.init_from):
+  if needs_tokenizer and task.tokenizer is None and not (config.data.get("tokenizer")
+                                                         or config.model.init_from):
     raise ValueError(f"data.task={task.name} has no vocabulary of its own: set data.tokenizer "
                      "or model.init_from (rewards read the completions as text)")
   width = _max_prompt_width(config)
@@ -146,10 +150,7 @@ class RLStep:
     self.seed = config.train.seed
     self.most = _max_prompt_width(config)
     self.eos_id = getattr(tokenizer, "eos_id", None)
-    self._update = jax.jit(functools.partial(
-        _update, cfg=self.cfg, rl=self.rl, tx=tx, schedule=schedule, num_steps=num_steps,
-        mesh=mesh, shardings=state_shardings(self.cfg, tx, mesh)),
-        static_argnames=("last",), donate_argnums=0)
+    self._update = update_step(self.cfg, self.rl, tx, schedule, num_steps, mesh)
     self._score = jax.jit(functools.partial(_score, cfg=self.cfg, rl=self.rl))
 
   def __call__(self, state, batch):
@@ -168,21 +169,82 @@ class RLStep:
     ref = self._score(self.reference, rollout) if rl.beta > 0 else None
     for i in range(rl.iterations):
       state, metrics = self._update(state, rollout, old, ref, adv, last=i == rl.iterations - 1)
+      if i == 0:      # scored by the parameters that sampled: the scorer's distance to them
+        gap = metrics["sampler_scorer_gap"]
+    metrics["sampler_scorer_gap"] = gap
     lengths = mask.sum(1)
     metrics.update(
         reward_mean=float(rewards.mean()), reward_std=float(rewards.std()),
         reward_group_std=float(rewards.std(axis=1).mean()),
         groups_all_equal=float(np.mean(rewards.std(axis=1) == 0)),
-        completion_length=float(lengths.mean()),
-        sampler_scorer_gap=_gap(old, rollout) if old is not None else 0.0)
+        completion_length=float(lengths.mean()))
     return state, metrics
 
 
-def _gap(old, rollout) -> float:
-  """max |scorer − sampler| log-probability over completion tokens: 0 up to rounding in
-  exact mode, the approximation's size under a schedule."""
-  diff = jnp.where(rollout.mask, old - rollout.sampler_logp, 0.0)
-  return float(host(jnp.max(jnp.abs(diff))))
+def update_step(cfg, rl, tx, schedule, num_steps: int, mesh):
+  """jit(state, rollout, old_logp, ref_logp, advantages, last=) -> (state, metrics): one
+  optimizer update of the GRPO objective (the state donated, kept in its shardings)."""
+  return jax.jit(functools.partial(
+      _update, cfg=cfg, rl=rl, tx=tx, schedule=schedule, num_steps=num_steps, mesh=mesh,
+      shardings=state_shardings(cfg, tx, mesh)), static_argnames=("last",), donate_argnums=0)
+
+
+def aot_steps(config, cfg, tx, schedule, mesh, state_abs, params_abs) -> list:
+  """What the compile tool compiles of an RL config (accel/aot.py), as (name, jitted,
+  abstract args, FLOPs, extra): the GRPO update on the largest rollout a step can draw
+  (train.batch_size prompts x rl.group_size, prompts at their widest) and the sampler (the
+  prompt's exact prefill and the decode loop over those rows). Beside either program the
+  device holds the other's arrays: the reference model (rl.beta > 0) is counted as
+  resident."""
+  rl = rl_config(config)
+  R = config.train.batch_size * rl.group_size
+  P, C = _max_prompt_width(config), rl.max_new_tokens
+  rows2, rows1 = sharding.batch_sharding(mesh), sharding.batch_sharding(mesh, 1)
+  ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows2)
+  floats = lambda *shape: jax.ShapeDtypeStruct(
+      shape, jnp.float32, sharding=rows2 if len(shape) == 2 else rows1)
+  rollout = grpo.Rollout(ints(R, P + C), ints(R, P + C), ints(R, P + C), ints(R, P + C),
+                         jax.ShapeDtypeStruct((R, C), jnp.bool_, sharding=rows2),
+                         floats(R, C))
+  old = floats(R, C) if rl.iterations > 1 else None
+  ref = floats(R, C) if rl.beta > 0 else None
+  update = update_step(cfg, rl, tx, schedule, config.train.num_steps, mesh)
+  held = lambda tree: sharding.per_device_bytes(tree, jax.tree.map(lambda a: a.sharding, tree))
+  reference = held(params_abs) if rl.beta > 0 else 0
+  extra = {"mode": f"GRPO, {rl.score_mode} scorer", "rows": R, "prompt_width": P,
+           "completion_tokens": C, "resident_bytes": reference}
+  steps = [("train", _Lowered(update, None, last=True), (state_abs, rollout, old, ref, floats(R)),
+            None, extra)]
+  prompt_cf = getattr(data_config(config), "recurrent_prompt", False)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  sample_args = (params_abs, ints(R, P), jax.ShapeDtypeStruct((R,), jnp.int32, sharding=rows1),
+                 ints(R, P), jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated))
+  sampler = _Lowered(decode._generate, ("params", "prompt", "lengths", "prompt_cf", "rng"),
+                     cfg=cfg, max_new_tokens=C, temperature=rl.temperature,
+                     top_k=rl.top_k, top_p=rl.top_p, eos_id=0, recurrent_prompt=prompt_cf,
+                     return_logits=False, prefill_mode="exact", prefill_tol=None,
+                     return_logprobs=True)
+  # beside the sampler: the optimizer state and the reference
+  steps.append(("sample", sampler, sample_args, None,
+                {"rows": R, "prompt_width": P, "completion_tokens": C,
+                 "resident_bytes": held(state_abs) - held(params_abs) + reference}))
+  return steps
+
+
+class _Lowered:
+  """A jitted function with some keyword arguments fixed: `lower(*args)` as aot calls it
+  (the args passed by `names` when given), under the mesh's abstract form (the model's
+  activation constraints read it)."""
+
+  def __init__(self, jitted, names, **kwargs):
+    self.jitted, self.names, self.kwargs = jitted, names, kwargs
+
+  def lower(self, *args):
+    mesh = jax.tree.leaves(args)[0].sharding.mesh
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      if self.names is None:
+        return self.jitted.lower(*args, **self.kwargs)
+      return self.jitted.lower(**dict(zip(self.names, args)), **self.kwargs)
 
 
 def _score(params, rollout, *, cfg, rl):
@@ -200,7 +262,11 @@ def _update(state, rollout, old_logp, ref_logp, adv, *, cfg, rl, tx, schedule, n
   def loss_fn(params):
     logp = grpo.score(params, cfg, rollout, mode=rl.score_mode, temperature=rl.temperature)
     old = jax.lax.stop_gradient(logp) if old_logp is None else old_logp
-    return grpo.objective(logp, old, ref_logp, adv, rollout.mask, rl)
+    loss, aux = grpo.objective(logp, old, ref_logp, adv, rollout.mask, rl)
+    # max |scorer - sampler| log-probability: 0 up to rounding in exact mode, the
+    # approximation's size under a schedule (meaningful at the batch's first update)
+    gap = jnp.where(rollout.mask, jax.lax.stop_gradient(logp) - rollout.sampler_logp, 0.0)
+    return loss, {**aux, "sampler_scorer_gap": jnp.max(jnp.abs(gap))}
 
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(now)

@@ -177,6 +177,20 @@ def test_lrt_interleaved_train_step_compiles(topology, windows):
 
 @pytest.mark.tpu_compile
 @needs_libtpu
+def test_an_rl_configs_grpo_update_and_sampler_compile_for_tpu():
+  """An RL config's train step is GRPO's update on its largest rollout, beside it the
+  sampler; the reference model is counted as held beside both (rl.beta > 0)."""
+  c = _config("rl_variable_assignment", "tiny", **{"mesh.data": 1, "mesh.fsdp": -1})
+  r = _report(c, "v5e:2x2")
+  assert r["fits"] and [s["step"] for s in r["steps"]] == ["train", "sample"]
+  train, sample = r["steps"]
+  assert train["rows"] == 8 * 2 and train["completion_tokens"] == 3
+  assert train["resident_bytes"] > 0 and sample["resident_bytes"] > train["resident_bytes"]
+  assert train["collectives"].get("all-gather", 0) > 0       # FSDP's parameter gathers
+
+
+@pytest.mark.tpu_compile
+@needs_libtpu
 def test_bf16_tpu_program_keeps_the_recurrence_in_fp32_at_highest_precision():
   """Lowered under the default matmul precision (conftest forces 'highest' otherwise): the
   recurrence's fusion matmuls (W_rec, the gates: d_model-wide fp32 dots) stay at
