@@ -42,7 +42,8 @@ def _rollout(name, temperature=0.8, G=3, N=10, seed=0):
   return grpo.sample(params, cfg, PROMPTS, PROMPT_CF, rl, jax.random.PRNGKey(seed), EOS), rl
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", ["t2mlr", *(pytest.param(n, marks=pytest.mark.slow)
+                                              for n in ("lrt", "transformer"))])
 def test_the_samplers_logprobs_equal_the_exact_scorers(name):
   cfg, params = MODELS[name]
   rollout, rl = _rollout(name)
