@@ -21,7 +21,6 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.experimental import multihost_utils
 
 from t2mlr_jax import sharding
@@ -29,7 +28,7 @@ from t2mlr_jax.model import decode
 from t2mlr_jax.registry import REWARDS, family_of
 from t2mlr_jax.train import grpo
 from t2mlr_jax.train.config import config_fields, data_config
-from t2mlr_jax.train.step import TrainState, at_step, recurrence_metrics, state_shardings
+from t2mlr_jax.train.step import apply_update, at_step, recurrence_metrics, state_shardings
 
 
 def rl_fields() -> dict:
@@ -270,16 +269,7 @@ def _update(state, rollout, old_logp, ref_logp, adv, *, cfg, rl, tx, schedule, n
 
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(now)
-  grad_norm = optax.tree.norm(grads)
-  updates, opt_state = tx.update(grads, state.opt_state, now)
-  params = optax.apply_updates(now, updates)
-  ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (state.nonfinite_step < 0)
-  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-  new_state = TrainState(
-      step=jnp.where(ok & last, state.step + 1, state.step),
-      params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
-      nonfinite_step=jnp.where(ok | (state.nonfinite_step >= 0), state.nonfinite_step,
-                               state.step))
+  new_state, grad_norm = apply_update(state, now, grads, loss, tx, advance=last)
   metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step * rl.iterations),
              **aux, **recurrence_metrics(now, cfg)}
   return jax.lax.with_sharding_constraint(new_state, shardings), metrics

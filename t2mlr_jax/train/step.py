@@ -130,6 +130,22 @@ def at_step(params, cfg: AnyModelConfig, step, num_steps: Optional[int]):
   return params if hook is None else hook(params, cfg, step, num_steps)
 
 
+def apply_update(state: TrainState, now, grads, loss, tx, advance=True):
+  """(new state, grad norm): the optimizer's update of `now` (the step's parameters), or
+  the state unchanged with the sticky flag set at the first non-finite loss or gradient;
+  the step count moves on when `advance` (RL moves it once per batch of updates)."""
+  grad_norm = optax.tree.norm(grads)
+  updates, opt_state = tx.update(grads, state.opt_state, now)
+  params = optax.apply_updates(now, updates)
+  ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (state.nonfinite_step < 0)
+  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+  return TrainState(
+      step=jnp.where(ok & advance, state.step + 1, state.step),
+      params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
+      nonfinite_step=jnp.where(ok | (state.nonfinite_step >= 0), state.nonfinite_step,
+                               state.step)), grad_norm
+
+
 def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
                     loss_chunk: Optional[int] = None, grad_accum_steps: int = 1,
                     num_steps: Optional[int] = None):
@@ -180,16 +196,7 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
         (loss, (aux, count)), grads = grad_fn(now, batch)
       else:
         (loss, (aux, count)), grads = accumulated(now, batch)
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, now)
-    params = optax.apply_updates(now, updates)
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (state.nonfinite_step < 0)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-    new_state = TrainState(
-        step=jnp.where(ok, state.step + 1, state.step),
-        params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
-        nonfinite_step=jnp.where(ok | (state.nonfinite_step >= 0), state.nonfinite_step,
-                                 state.step))
+    new_state, grad_norm = apply_update(state, now, grads, loss, tx)
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
                "supervised_tokens": count, **aux, **recurrence_metrics(now, cfg)}
     return new_state, metrics

@@ -113,6 +113,14 @@ def _numpy_objective(logp, old, ref, adv, mask, rl):
   return float((per_token * w).sum()), grad_token * w
 
 
+def _ours(logp, old, ref, adv, mask, rl):
+  """(loss, metrics, d loss / d logp) of grpo.objective on NumPy inputs (fp32)."""
+  f32 = lambda a: jnp.asarray(a, jnp.float32)
+  f = lambda x: grpo.objective(x, f32(old), f32(ref), f32(adv), jnp.asarray(mask), rl)
+  (value, metrics), grad = jax.value_and_grad(f, has_aux=True)(f32(logp))
+  return float(value), metrics, np.asarray(grad)
+
+
 @pytest.mark.parametrize("loss_type", grpo.LOSS_TYPES)
 @pytest.mark.parametrize("beta,epsilon_high", [(0.0, None), (0.04, None), (0.1, 0.28)])
 def test_the_objective_equals_its_numpy_transcription(loss_type, beta, epsilon_high):
@@ -127,14 +135,9 @@ def test_the_objective_equals_its_numpy_transcription(loss_type, beta, epsilon_h
   mask[4, 1:] = False
   rl = grpo.GRPOConfig(beta=beta, epsilon_high=epsilon_high, loss_type=loss_type)
   want, want_grad = _numpy_objective(logp, old, ref, adv, mask, rl)
-
-  def f(x):
-    return grpo.objective(x, jnp.asarray(old, jnp.float32), jnp.asarray(ref, jnp.float32),
-                          jnp.asarray(adv, jnp.float32), jnp.asarray(mask), rl)
-
-  (value, metrics), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp, jnp.float32))
-  np.testing.assert_allclose(float(value), want, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-4, atol=1e-6)
+  value, metrics, grad = _ours(logp, old, ref, adv, mask, rl)
+  np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)
   ratio = np.exp(logp - old)
   clipped = ((ratio < 0.8) & (adv[:, None] < 0)) | ((ratio > 1 + rl.clip_high) &
                                                     (adv[:, None] > 0))
@@ -253,12 +256,7 @@ def test_the_objective_equals_trls_grpo_loss(loss_type, beta, epsilon_high):
   mask[5, 2:] = False
   rl = grpo.GRPOConfig(beta=beta, epsilon_high=epsilon_high, loss_type=loss_type)
   want, want_grad, want_region = _trl_loss(logp, old, ref, adv, mask, rl)
-
-  def f(x):
-    return grpo.objective(x, jnp.asarray(old, jnp.float32), jnp.asarray(ref, jnp.float32),
-                          jnp.asarray(adv, jnp.float32), jnp.asarray(mask), rl)
-
-  (value, metrics), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp, jnp.float32))
-  np.testing.assert_allclose(float(value), want, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-4, atol=1e-6)
+  value, metrics, grad = _ours(logp, old, ref, adv, mask, rl)
+  np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(float(metrics["clip_fraction"]), want_region, rtol=1e-6)
