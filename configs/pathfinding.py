@@ -6,10 +6,11 @@ From scratch on CPU (word-level vocabulary, one token per node name): backbones 
 edges, 3 lanes, dead ends as the release draws them (a graph of more than 224 tokens, the
 longest 5%, redrawn); the whole sequence recurrent as the release trains it; evaluated by
 exact match of the greedy path under the exact recurrence, per backbone length, on held-out
-graphs of the trained lengths and of longer ones (10, 12). 1000 steps of 32 graphs: about
-55 minutes on 2 cores for T2MLR (3.2 s a step; all_layers sweeps every layer, about 2.3x
-that). Arms, parameter-matched (1.71-1.72M; the transformer's and LRT's MLPs absorb the
-difference):
+graphs of the trained lengths and of longer ones (10, 12). 1000 steps of 32 graphs on 2
+cores: the transformer 43 minutes (on a shared machine), T2MLR 5.1 s a step on an idle one
+(about 85 minutes; all_layers sweeps every layer, more again). At this budget the
+transformer solves no graph (docs/experiments.md#multi-hop-reasoning-at-cpu-scale). Arms,
+parameter-matched (1.71-1.72M; the transformer's and LRT's MLPs absorb the difference):
 
     python -m t2mlr_jax.main --config=configs/pathfinding.py               # T2MLR, layers 2-3
     python -m t2mlr_jax.main --config=configs/pathfinding.py:transformer    # no recurrence
