@@ -151,3 +151,56 @@ def test_plain_nanochat_with_value_embeddings():
   ours = to_official_lrt(cfg, grads)
   for name in names:
     _grad_close(ours[name], z["grad/" + name], name)
+
+
+REFINE = "lrt_refine_official_small"
+
+
+@pytest.fixture(scope="module")
+def refine_golden(golden):
+  z = dict(np.load(os.path.join(GOLDEN, REFINE + ".npz")))
+  meta = json.load(open(os.path.join(GOLDEN, REFINE + ".json")))
+  return z, meta
+
+
+@pytest.mark.parametrize("case", ["k2", "k2_detach", *(
+    pytest.param(c, marks=pytest.mark.slow)
+    for c in ("k3", "k2_weighted", "k2_nodetach_last", "k2_width0"))])
+def test_multi_refine_equals_the_releases(golden, refine_golden, case):
+  """The release's multi-refinement training (a133a67, tests/golden/make_lrt_refine_goldens.py)
+  on the same model: each pass's logits, the per-pass and weighted losses, and the
+  gradient of every parameter (whole, or its row and column sums). Positions run 0..T-1
+  with no documents, so our memory resets at t = 0 only, as the release's."""
+  base, base_meta, _, _ = golden
+  z, meta = refine_golden
+  official = meta["cases"][case]["gpt_config"]
+  state = {e["name"]: base[e["name"]] for e in base_meta["state_dict"]}
+  state.update({k.split("/param/", 1)[1]: v for k, v in z.items()
+                if k.startswith(f"{case}/param/")})
+  width = official["ve_gate_channels"]
+  cfg, params = from_official_lrt(state, {**base_meta["gpt_config"], "ve_gate_channels": width},
+                                  rope_table_dtype="float32")
+  options = dict(refine_passes=official["multi_refine_num_passes"],
+                 refine_weights=tuple(official["multi_refine_loss_weights"]),
+                 refine_detach=official["multi_refine_detach"])
+
+  def loss(p):
+    return t2mlr_jax.loss(p, cfg, z["tokens"], mode="multi_refine", targets=z["targets"],
+                          return_aux=True, **options)
+
+  (value, aux), grads = jax.value_and_grad(loss, has_aux=True)(params)
+  np.testing.assert_allclose(value, z[f"{case}/loss"], atol=LOSS, rtol=0)
+  np.testing.assert_allclose(aux["per_pass_losses"], z[f"{case}/per_pass_losses"], atol=LOSS)
+  _, faux = t2mlr_jax.forward(params, cfg, z["tokens"], mode="multi_refine", return_aux=True,
+                              refine_passes=options["refine_passes"],
+                              refine_detach=options["refine_detach"])
+  np.testing.assert_allclose(np.asarray(faux["pass_logits"]), z[f"{case}/pass_logits"],
+                             atol=LOGITS, rtol=0)
+  ours = to_official_lrt(cfg, grads)
+  refs = {k.split("/grad/", 1)[1]: v for k, v in z.items() if k.startswith(f"{case}/grad/")}
+  assert set(refs) == set(ours)
+  for name, ref in refs.items():
+    g = np.asarray(ours[name], np.float64)
+    if g.shape != ref.shape:
+      g = np.concatenate([g.sum(1), g.sum(0)])
+    _grad_close(g, ref, name)
