@@ -196,28 +196,28 @@ def aot_steps(config, cfg, tx, schedule, mesh, state_abs, params_abs) -> list:
   device holds the other's arrays: the reference model (rl.beta > 0) is counted as
   resident."""
   rl = rl_config(config)
-  R = config.train.batch_size * rl.group_size
+  B = config.train.batch_size * rl.group_size
   P, C = _max_prompt_width(config), rl.max_new_tokens
   rows2, rows1 = sharding.batch_sharding(mesh), sharding.batch_sharding(mesh, 1)
   ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rows2)
   floats = lambda *shape: jax.ShapeDtypeStruct(
       shape, jnp.float32, sharding=rows2 if len(shape) == 2 else rows1)
-  rollout = grpo.Rollout(ints(R, P + C), ints(R, P + C), ints(R, P + C), ints(R, P + C),
-                         jax.ShapeDtypeStruct((R, C), jnp.bool_, sharding=rows2),
-                         floats(R, C))
-  old = floats(R, C) if rl.iterations > 1 else None
-  ref = floats(R, C) if rl.beta > 0 else None
+  rollout = grpo.Rollout(ints(B, P + C), ints(B, P + C), ints(B, P + C), ints(B, P + C),
+                         jax.ShapeDtypeStruct((B, C), jnp.bool_, sharding=rows2),
+                         floats(B, C))
+  old = floats(B, C) if rl.iterations > 1 else None
+  ref = floats(B, C) if rl.beta > 0 else None
   update = update_step(cfg, rl, tx, schedule, config.train.num_steps, mesh)
   held = lambda tree: sharding.per_device_bytes(tree, jax.tree.map(lambda a: a.sharding, tree))
   reference = held(params_abs) if rl.beta > 0 else 0
-  extra = {"mode": f"GRPO, {rl.score_mode} scorer", "rows": R, "prompt_width": P,
+  extra = {"mode": f"GRPO, {rl.score_mode} scorer", "rows": B, "prompt_width": P,
            "completion_tokens": C, "resident_bytes": reference}
-  steps = [("train", _Lowered(update, None, last=True), (state_abs, rollout, old, ref, floats(R)),
+  steps = [("train", _Lowered(update, None, last=True), (state_abs, rollout, old, ref, floats(B)),
             None, extra)]
   prompt_cf = getattr(data_config(config), "recurrent_prompt", False)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  sample_args = (params_abs, ints(R, P), jax.ShapeDtypeStruct((R,), jnp.int32, sharding=rows1),
-                 ints(R, P), jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated))
+  sample_args = (params_abs, ints(B, P), jax.ShapeDtypeStruct((B,), jnp.int32, sharding=rows1),
+                 ints(B, P), jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated))
   sampler = _Lowered(decode._generate, ("params", "prompt", "lengths", "prompt_cf", "rng"),
                      cfg=cfg, max_new_tokens=C, temperature=rl.temperature,
                      top_k=rl.top_k, top_p=rl.top_p, eos_id=0, recurrent_prompt=prompt_cf,
@@ -225,7 +225,7 @@ def aot_steps(config, cfg, tx, schedule, mesh, state_abs, params_abs) -> list:
                      return_logprobs=True)
   # beside the sampler: the optimizer state and the reference
   steps.append(("sample", sampler, sample_args, None,
-                {"rows": R, "prompt_width": P, "completion_tokens": C,
+                {"rows": B, "prompt_width": P, "completion_tokens": C,
                  "resident_bytes": held(state_abs) - held(params_abs) + reference}))
   return steps
 
