@@ -10,6 +10,21 @@ Variants (`--config=configs/lrt_nanochat.py:VARIANT`):
   d12   the same at depth 12 (d_model 768).
   tiny  seconds on CPU, for tests: 2 layers, d_model 32, on S5-Retrieval data.
 
+Presets, after a comma (`--config=configs/lrt_nanochat.py:d20,official`): the official LRT
+release's run (commit a133a67) where our defaults differ from it.
+  official               interleaved S = 2 as the release trains it: gates reading the
+                         full width (its ve_gate_channels 0; ours 32), the rotary table
+                         in bfloat16, documents as one stream (block positions: the memory
+                         resets at t = 0 only, attention across documents, every target
+                         predicted; ours restart at each document), gradient accumulation
+                         averaging the microbatches' means (ours weights by tokens).
+  official_multi_refine  the same under its --multi-refine: K = 2 passes after pass 0 (its
+                         default; its README's result is K = 3:
+                         --config.model.schedule_options.refine_passes=3), equal weights,
+                         no detach.
+With d20/d12 a preset reads a prepared dataset (`lm` task: --config.data.path=DIR, from
+python -m t2mlr_jax.data.prepare) as the release reads FineWeb: one token stream.
+
 Slices (docs/tpu.md; check one with `python -m t2mlr_jax.compile
 --config=configs/lrt_nanochat.py:d20 --topology=v5p-128`): d20 is meant for a TPU v5p-128
 (86.2 of 95.7 GiB a chip; on a v5p-64 set `train.grad_accum_steps=2`, on a v6e-16 16),
@@ -28,6 +43,7 @@ from t2mlr_jax.config import PRESETS
 from t2mlr_jax.train.config import base_config, model_config, recurrence_config
 
 VARIANTS = ("d20", "d12", "tiny")
+RELEASE_PRESETS = ("official", "official_multi_refine")
 
 
 def scaling_params(cfg) -> int:
@@ -39,9 +55,33 @@ def scaling_params(cfg) -> int:
   return cfg.num_params() - tables
 
 
+def official(c, preset: str):
+  """The release's settings where ours differ (docs/lrt_training.md lists each and why)."""
+  c.model.recurrence.gate_channels = 0          # the full width
+  c.model.ve_gate_channels = 0
+  c.model.rope_table_dtype = "bfloat16"
+  c.model.schedule_options.update(passes=2, kv_refresh=False, refine_passes=2,
+                                  refine_weights=(), refine_detach=False)
+  c.train.mode = "multi_refine" if preset == "official_multi_refine" else "interleaved"
+  c.train.grad_accum_average = "microbatches"
+  if c.data.task != "s5_retrieval":             # the tiny variant keeps its S5 data
+    c.data.update(task="lm", documents="stream", mask_documents=False)
+  c.name += f"_{preset}"
+  return c
+
+
 def get_config(variant: str = "d20"):
+  variant, _, preset = variant.partition(",")
   if variant not in VARIANTS:
     raise ValueError(f"unknown variant {variant!r}: allowed one of {VARIANTS}")
+  if preset and preset not in RELEASE_PRESETS:
+    raise ValueError(f"unknown preset {preset!r}: allowed one of {RELEASE_PRESETS} (after a comma: "
+                     f"{variant},official)")
+  c = _config(variant)
+  return official(c, preset) if preset else c
+
+
+def _config(variant: str):
   c = base_config()
   c.name = f"lrt_nanochat_{variant}"
   shape = dict(PRESETS["nanochat-d12" if variant == "d12" else "nanochat-d20"])

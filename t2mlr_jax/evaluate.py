@@ -47,10 +47,11 @@ _TOKENIZER = flags.DEFINE_string("tokenizer", None, "directory with tokenizer.js
 _OUTPUT = flags.DEFINE_string("output", None, "output file (--workdir) or directory (--task)")
 _MODE = flags.DEFINE_string("mode", None,
                             "forward mode (default exact for --workdir; for --task=bpb every "
-                            "evaluation mode): parallel, exact or a training schedule (jacobi, "
-                            "interleaved, chunked, multi_refine, or one a --user_module "
-                            "registers). exact is the true recurrence; a training mode gives "
-                            "its training schedule's forward")
+                            "evaluation mode, or a comma-separated list): parallel, exact or a "
+                            "training schedule (jacobi, interleaved, chunked, multi_refine, or "
+                            "one a --user_module registers). exact is the true recurrence; a "
+                            "training mode gives its training schedule's forward "
+                            "(multi_refine: bits per byte of every pass too)")
 _CHAT = flags.DEFINE_bool("chat", False, "wrap prompts in the tokenizer's chat template")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "generation length limit")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "prompts (or scoring requests) per batch")
@@ -74,8 +75,11 @@ def main(argv):
   from t2mlr_jax.model.modes import mode_names
   from t2mlr_jax.train import tasks
   cli.quiet_absl_logs()
-  if _MODE.value is not None and _MODE.value not in mode_names():
-    raise ValueError(f"--mode={_MODE.value!r} is invalid: allowed one of {mode_names()}")
+  modes = [m for m in (_MODE.value or "").split(",") if m] or None
+  if modes and (any(m not in mode_names() for m in modes)
+                or (len(modes) > 1 and _TASK.value != "bpb")):
+    raise ValueError(f"--mode={_MODE.value!r} is invalid: allowed one of {mode_names()}"
+                     " (with --task=bpb a comma-separated list of them)")
   tasks_allowed = ("bpb", *downstream.GENERATION_TASKS, *downstream.MC_TASKS)
   if _TASK.value and _TASK.value not in tasks_allowed:
     raise ValueError(f"--task={_TASK.value!r} is invalid: allowed one of "
@@ -83,7 +87,7 @@ def main(argv):
   if _TASK.value == "bpb":
     results = jobs.evaluate_bpb_task(_DATA.value, _MODEL.value, split=_SPLIT.value,
                                      blocks=_BLOCKS.value,
-                                     modes=[_MODE.value] if _MODE.value else None,
+                                     modes=modes,
                                      batch_size=_BATCH.value)
     if _OUTPUT.value:
       paths.write_text(_OUTPUT.value, json.dumps(results, indent=2))

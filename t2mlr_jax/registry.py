@@ -218,6 +218,8 @@ class Schedule:
   computed in parallel, for `generate(prefill=name)`.
   loss_options: options only its `pass_loss` reads (multi_refine's refine_weights): `run`
   never sees them, so they do not key the forward's compilation.
+  pass_views: each of its aux `pass_logits` predicts every position (multi_refine's full
+  passes): evaluation scores each pass beside the last (bits per byte per pass).
   """
   name: str                    # what `mode=` and train.mode call it
   run: Callable                # (params, cfg, tokens, inp, options, hidden) -> ModeOut
@@ -231,6 +233,7 @@ class Schedule:
   token_totals: Optional[Callable] = None    # per-pass supervised-token counts
   prefill: Optional[Callable] = None         # a parallel exact prefill, generate(prefill=)
   loss_options: tuple = ()     # options only pass_loss reads (kept out of `run`)
+  pass_views: bool = False     # every pass predicts every position (scored per pass)
   source: str = ""             # the module that registered it
 
   def __post_init__(self):

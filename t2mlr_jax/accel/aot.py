@@ -260,7 +260,8 @@ def compile_config(config, topology: str, *, steps: Sequence[str] = ("train",),
     jax_steps += rl_lib.aot_steps(config, cfg, tx, schedule, mesh, _abstract(state, shardings),
                                   params_abs)
   elif "train" in steps:
-    step = make_train_step(cfg, tx, schedule, mode, mesh, t.get("loss_chunk"), k, t.num_steps)
+    step = make_train_step(cfg, tx, schedule, mode, mesh, t.get("loss_chunk"), k, t.num_steps,
+                           t.get("grad_accum_average", "tokens"))
     args = (_abstract(state, shardings), _batch(batch_keys(config), t.batch_size, t.seq_len,
                                                 mesh))
     step_flops = family.train_step_flops(cfg, t.batch_size, t.seq_len, mode)

@@ -17,6 +17,14 @@
     python -m t2mlr_jax.convert --from RUN_OR_EXPORT --to-hf HF_DIR [--dtype=bfloat16]
         a training workdir (latest or --step checkpoint) or an export -> HF directory
         (base weights loadable by transformers; recurrence in t2mlr_recurrence.safetensors).
+    python -m t2mlr_jax.convert --from-official-lrt CKPT_DIR [--step=N] --to OUT
+        a checkpoint of the official LRT release (model_NNNNNN.pt + meta_NNNNNN.json;
+        interleaved or multi-refine, any gate width) -> a parameter export OUT; the
+        schedule it was trained with is printed (evaluate it with --mode=that schedule).
+    python -m t2mlr_jax.convert --from RUN_OR_EXPORT --to-official-lrt CKPT_DIR \
+            [--schedule=interleaved|multi_refine]
+        an LRT run or export -> the release's checkpoint files (its build_model loads
+        them); the schedule by default the run's train.mode (an export's: interleaved).
 """
 
 from __future__ import annotations
@@ -101,6 +109,29 @@ def recurrence_from_args(args):
   return config.recurrence_from_dict({"type": name, **fields})
 
 
+def _official_lrt(args) -> None:
+  """--from-official-lrt (a release checkpoint -> an export) or --to-official-lrt."""
+  from t2mlr_jax import checkpoint
+  from t2mlr_jax.convert import official_lrt
+  if args.from_official_lrt:
+    checkpoint.check_export_target(args.to)
+    cfg, params, schedule, meta = official_lrt.load_official_checkpoint(
+        args.from_official_lrt, args.step)
+    checkpoint.export(cfg, params, args.to)
+    print(f"wrote {args.to} ({cfg.num_params():,} parameters; the release's step "
+          f"{meta.get('step')}, trained with schedule {schedule or 'none (plain GPT)'})")
+    return
+  cfg, params = checkpoint.load(args.from_ckpt, args.step)
+  steps = checkpoint.saved_steps(args.from_ckpt)      # none: an export
+  mode = (checkpoint.load_config(args.from_ckpt, args.step).train.get("mode", "auto")
+          if steps else "auto")
+  schedule = args.schedule or official_lrt.schedule_of_mode(cfg, mode)
+  step = args.step if args.step is not None else (steps[-1] if steps else 0)
+  path = official_lrt.save_official_checkpoint(cfg, params, args.to_official_lrt, step,
+                                               schedule)
+  print(f"wrote {path} and its meta_{step:06d}.json (schedule {schedule})")
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(prog="python -m t2mlr_jax.convert", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,9 +139,16 @@ def main(argv=None):
   src.add_argument("--from-hf", dest="from_hf", help="Hugging Face model directory")
   src.add_argument("--from-gguf", dest="from_gguf", help="Llama-architecture GGUF file")
   src.add_argument("--from", dest="from_ckpt", help="training workdir or parameter export")
-  p.add_argument("--to", help="output parameter export (with --from-hf or --from-gguf)")
+  src.add_argument("--from-official-lrt", dest="from_official_lrt",
+                   help="checkpoint directory of the official LRT release")
+  p.add_argument("--to", help="output parameter export (with --from-hf, --from-gguf or "
+                 "--from-official-lrt)")
   p.add_argument("--to-hf", dest="to_hf", help="output Hugging Face directory (with --from)")
-  p.add_argument("--step", type=int, default=None, help="checkpoint step (with --from)")
+  p.add_argument("--to-official-lrt", dest="to_official_lrt",
+                 help="output checkpoint directory of the official LRT release (with --from)")
+  p.add_argument("--schedule", default=None, help="--to-official-lrt: the release's training schedule to record "
+                 "(default: the run's train.mode)")
+  p.add_argument("--step", type=int, default=None, help="checkpoint step (with --from or --from-official-lrt; default the latest)")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   p.add_argument("--l_start", type=int, default=None, help="add T2MLR from this layer")
   p.add_argument("--l_end", type=int, default=None, help="... to this layer (inclusive)")
@@ -125,13 +163,16 @@ def main(argv=None):
                  "(comma-separated, repeatable)")
   p.add_argument("--verbose", action="store_true", help="show the full traceback of an error")
   args = p.parse_args(argv)
-  if (args.from_hf or args.from_gguf) and not args.to:
-    p.error("--from-hf / --from-gguf need --to OUT")
+  if (args.from_hf or args.from_gguf or args.from_official_lrt) and not args.to:
+    p.error("--from-hf / --from-gguf / --from-official-lrt need --to OUT")
   if args.recurrence is None and (args.l_start is None) != (args.l_end is None):
     p.error("give both --l_start and --l_end to add a T2MLR block")
-  if args.from_ckpt and not args.to_hf:
-    p.error("--from needs --to-hf HF_DIR")
-  if args.from_ckpt and (args.recurrence or args.recurrence_field or args.l_start is not None):
+  if args.from_ckpt and bool(args.to_hf) == bool(args.to_official_lrt):
+    p.error("--from needs one of --to-hf HF_DIR or --to-official-lrt CKPT_DIR")
+  if args.schedule and not args.to_official_lrt:
+    p.error("--schedule goes with --to-official-lrt")
+  if (args.from_ckpt or args.from_official_lrt) and (
+      args.recurrence or args.recurrence_field or args.l_start is not None):
     p.error("--recurrence, --recurrence_field and --l_start/--l_end go with --from-hf or "
             "--from-gguf")
   # the library (and JAX) load once the arguments parse: argument errors print at once
@@ -140,6 +181,9 @@ def main(argv=None):
 
   for path in (f for v in args.user_module for f in v.split(",") if f):
     registry.import_user_module(path)
+  if args.from_official_lrt or args.to_official_lrt:
+    _official_lrt(args)
+    return
   if args.from_hf or args.from_gguf:
     recurrence = recurrence_from_args(args)
     checkpoint.check_export_target(args.to)       # before reading a multi-GB source

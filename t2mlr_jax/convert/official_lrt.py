@@ -27,12 +27,25 @@ rotary table in bfloat16; converted configs do too (`rope_table_dtype="bfloat16"
 override with "float32" for the exact-table variant). `to_official_lrt` applies
 the same flip (its own inverse), to parameters or to any tree shaped like them
 (gradients compare by official name).
+
+Both of the release's training schedules convert (its commit a133a67 adds the second):
+`use_interleaved` (interleaved passes, our `interleaved`) and `use_multi_refine` (full
+refinement passes, our `multi_refine`); their counts, detach and loss weights become
+`schedule_options` (passes, kv_refresh, refine_passes, refine_detach, refine_weights).
+`ve_gate_channels` 0 is the full width, a133a67's default (e0d0f6e's was 32). A release
+checkpoint directory (`model_NNNNNN.pt` + `meta_NNNNNN.json`, as its
+`checkpoint_manager.save_checkpoint` writes them) reads with `load_official_checkpoint`
+and writes with `save_official_checkpoint`; official -> ours -> official gives the same
+state dict and model_config.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
-from typing import Any, Mapping, Union
+import re
+from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
@@ -45,7 +58,13 @@ from t2mlr_jax.registry import schedule_option_defaults
 SUPPORTED = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd",
              "window_pattern", "use_value_embeds", "ve_every_layer", "use_x0_residual",
              "use_resid_lambdas", "ve_gate_channels", "use_interleaved",
-             "interleaved_num_passes", "interleaved_kv_refresh")
+             "interleaved_num_passes", "interleaved_kv_refresh", "use_multi_refine",
+             "multi_refine_num_passes", "multi_refine_detach", "multi_refine_loss_weights")
+# the release's schedule flag -> our schedule (train.mode)
+SCHEDULES = {"use_interleaved": "interleaved", "use_multi_refine": "multi_refine"}
+# a133a67's fields: a config naming one defaults ve_gate_channels to 0 (full width)
+_A133A67 = ("use_multi_refine", "multi_refine_num_passes", "multi_refine_detach",
+            "multi_refine_loss_weights")
 
 
 def _load(path: str) -> dict:
@@ -64,13 +83,17 @@ def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrid
     raise ValueError(f"official config field(s) {unknown} are not supported: allowed "
                      f"{list(SUPPORTED)}")
   get = lambda k, d: config.get(k, d)
-  lrt = bool(get("use_interleaved", False))
+  on = [flag for flag in SCHEDULES if get(flag, False)]
+  if len(on) > 1:
+    raise ValueError(f"official config sets {' and '.join(on)}: allowed one training "
+                     "schedule (the release refuses both)")
+  lrt = bool(on)
   V = int(get("vocab_size", 32768))
   if padded_vocab < V:
     raise ValueError(f"transformer.wte.weight has {padded_vocab} rows < vocab_size={V}")
   pad = 64 if -(-V // 64) * 64 == padded_vocab else padded_vocab
   D, N = int(get("n_embd", 768)), int(get("n_head", 6))
-  C = int(get("ve_gate_channels", 32))
+  C = int(get("ve_gate_channels", 0 if any(k in config for k in _A133A67) else 32))
   rec_over = {k: v for k, v in overrides.items() if k in LRTConfig.__dataclass_fields__}
   sched_over = {k: v for k, v in overrides.items()
                 if k in schedule_option_defaults() and k not in rec_over}
@@ -79,7 +102,13 @@ def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrid
   if lrt:       # the interleaved init value embeddings replace the plain ones
     rec = LRTConfig(gate_channels=C, **rec_over)
     options = {"passes": int(get("interleaved_num_passes", 2)),
-               "kv_refresh": bool(get("interleaved_kv_refresh", False)), **sched_over}
+               "kv_refresh": bool(get("interleaved_kv_refresh", False))}
+    if any(k in config for k in _A133A67):
+      options.update(refine_passes=int(get("multi_refine_num_passes", 2)),
+                     refine_detach=bool(get("multi_refine_detach", False)),
+                     refine_weights=tuple(float(w) for w in
+                                          get("multi_refine_loss_weights", ()) or ()))
+    options.update(sched_over)
   elif rec_over or sched_over:
     raise ValueError(f"{sorted({**rec_over, **sched_over})[0]} is an LRT option: allowed "
                      "only with use_interleaved=True")
@@ -212,3 +241,101 @@ def to_official_lrt(cfg: ModelConfig, tree) -> dict:
     out[f"interleaved_key_projections.{i}.W_v.weight"] = w_k[i].T
     out[f"interleaved_init_value_embeds.{i}.weight"] = a(lay["memory"]["ve"][i])
   return out
+
+
+def official_schedule(config: Mapping[str, Any]) -> Optional[str]:
+  """Our schedule (train.mode) for the one the release's config trains with; None for its
+  plain GPT."""
+  return next((mode for flag, mode in SCHEDULES.items() if config.get(flag, False)), None)
+
+
+def schedule_of_mode(cfg: ModelConfig, mode: str) -> Optional[str]:
+  """The release's schedule for a run trained with train.mode `mode` ("auto": the type's
+  own); None without recurrence. A mode the release has not is refused."""
+  if cfg.recurrence is None:
+    return None
+  mode = cfg.recurrence.default_schedule if mode == "auto" else mode
+  if mode not in SCHEDULES.values():
+    raise ValueError(f"train.mode={mode!r} has no counterpart in the official LRT release: "
+                     f"give --schedule, allowed one of {tuple(SCHEDULES.values())}")
+  return mode
+
+
+def config_to_official(cfg: ModelConfig, schedule: Optional[str] = None) -> dict:
+  """The release's (a133a67) GPTConfig keyword arguments for our config, its training
+  schedule `schedule` (interleaved or multi_refine; LRT only). An LRT model writes
+  use_value_embeds=True and ve_every_layer=False, the release's defaults (it ignores them
+  under feedback)."""
+  rec = cfg.recurrence
+  allowed = tuple(SCHEDULES.values())
+  if rec is None and schedule is not None:
+    raise ValueError(f"schedule={schedule!r} is invalid for a model without recurrence: "
+                     "allowed None")
+  if rec is not None and schedule not in allowed:
+    raise ValueError(f"schedule={schedule!r} is invalid: allowed one of {allowed}")
+  opts = cfg.schedule_options
+  flags = {flag: mode == schedule for flag, mode in SCHEDULES.items()}
+  return {
+      "sequence_len": cfg.max_seq_len, "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layers,
+      "n_head": cfg.n_heads, "n_kv_head": cfg.n_kv_heads, "n_embd": cfg.d_model,
+      "window_pattern": cfg.window_pattern,
+      "use_value_embeds": rec is not None or cfg.value_embeds is not None,
+      "ve_every_layer": rec is None and cfg.value_embeds == "every",
+      "use_x0_residual": bool(cfg.x0_lambdas), "use_resid_lambdas": bool(cfg.resid_lambdas),
+      "ve_gate_channels": int(rec.gate_channels if rec is not None else cfg.ve_gate_channels),
+      "use_interleaved": flags["use_interleaved"],
+      "interleaved_num_passes": int(opts.passes),
+      "interleaved_kv_refresh": bool(opts.kv_refresh),
+      "use_multi_refine": flags["use_multi_refine"],
+      "multi_refine_num_passes": int(opts.refine_passes),
+      "multi_refine_detach": bool(opts.refine_detach),
+      "multi_refine_loss_weights": [float(w) for w in opts.refine_weights],
+  }
+
+
+def _checkpoint_steps(directory: str) -> list[int]:
+  names = glob.glob(os.path.join(directory, "model_*.pt"))
+  return sorted(int(m.group(1)) for m in
+                (re.fullmatch(r"model_(\d+)\.pt", os.path.basename(n)) for n in names) if m)
+
+
+def load_official_checkpoint(directory: str, step: Optional[int] = None, **overrides):
+  """(cfg, params, schedule, meta) of a release checkpoint directory (model_NNNNNN.pt and
+  meta_NNNNNN.json; `step` None: the largest). torch.compile's `_orig_mod.` prefixes are
+  dropped and bfloat16 weights read as float32, as the release's build_model does."""
+  steps = _checkpoint_steps(directory) if os.path.isdir(directory) else []
+  if not steps:
+    raise ValueError(f"{directory!r} holds no release checkpoint (model_NNNNNN.pt with "
+                     "meta_NNNNNN.json)")
+  if step is None:
+    step = steps[-1]
+  if step not in steps:
+    raise ValueError(f"step={step} is invalid: allowed one of {steps} (in {directory})")
+  meta_path = os.path.join(directory, f"meta_{step:06d}.json")
+  if not os.path.isfile(meta_path):
+    raise ValueError(f"{meta_path} is missing: the release writes it beside model_{step:06d}.pt")
+  with open(meta_path, encoding="utf-8") as f:
+    meta = json.load(f)
+  if "model_config" not in meta:
+    raise ValueError(f"{meta_path} has no model_config")
+  sd = load_state_dict(os.path.join(directory, f"model_{step:06d}.pt"))
+  sd = {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
+  cfg, params = from_official_lrt(sd, meta["model_config"], **overrides)
+  return cfg, params, official_schedule(meta["model_config"]), meta
+
+
+def save_official_checkpoint(cfg: ModelConfig, params, directory: str, step: int,
+                             schedule: Optional[str] = None, meta: Optional[dict] = None) -> str:
+  """Write params as the release's checkpoint at `step` (model_NNNNNN.pt: float32 tensors;
+  meta_NNNNNN.json: `meta` with model_config = config_to_official(cfg, schedule)); returns
+  the model file's path. The release loads it with its checkpoint_manager.build_model."""
+  import torch  # noqa: PLC0415  (optional: torch is no install requirement; .pt only)
+  model_config = config_to_official(cfg, schedule)
+  state = {k: torch.from_numpy(np.array(v, np.float32))      # (a writable copy)
+           for k, v in to_official_lrt(cfg, params).items()}
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, f"model_{step:06d}.pt")
+  torch.save(state, path)
+  with open(os.path.join(directory, f"meta_{step:06d}.json"), "w", encoding="utf-8") as f:
+    json.dump({**(meta or {"step": step}), "model_config": model_config}, f, indent=2)
+  return path

@@ -149,18 +149,31 @@ def pack_documents(docs: Iterable[np.ndarray], block_size: int) -> Iterator[np.n
                     np.concatenate([starts, np.zeros(pad, np.int32)])])
 
 
-def decode_block(block: np.ndarray, *, pad_id: int = 0,
-                 mask_documents: bool = True) -> dict[str, np.ndarray]:
+DOCUMENTS = ("separate", "stream")     # data.documents: how a block's documents meet
+
+
+def decode_block(block: np.ndarray, *, pad_id: int = 0, mask_documents: bool = True,
+                 documents: str = "separate") -> dict[str, np.ndarray]:
   """A stored block [2, T+1] -> a training example of T positions: input_ids,
   target_ids (IGNORE at padding and where the target opens a document), control_flow
   (2, 0 at padding), positions (restart at document starts and at the block start) and,
-  with mask_documents, segment_ids (-1 at padding)."""
+  with mask_documents, segment_ids (-1 at padding). documents="stream" reads the block
+  as nanochat and the LRT release do: positions count from the block start (the memory
+  resets at t = 0 only), every target is predicted, no segment ids (attention crosses
+  documents; mask_documents must be False)."""
+  if documents not in DOCUMENTS:
+    raise ValueError(f"documents={documents!r} is invalid: allowed one of {DOCUMENTS}")
+  if documents == "stream" and mask_documents:
+    raise ValueError("data.documents='stream' attends across documents: allowed only with "
+                     "data.mask_documents=False")
   tokens, starts = np.asarray(block[0], np.int32), np.asarray(block[1], np.int32)
   inputs, targets = tokens[:-1], tokens[1:].copy()
   real = inputs >= 0
-  targets[(targets < 0) | (starts[1:] == 1) | ~real] = IGNORE
   opens = starts[:-1].copy()
   opens[0] = 1
+  if documents == "stream":
+    opens[1:] = 0
+  targets[(targets < 0) | ((starts[1:] == 1) & (documents == "separate")) | ~real] = IGNORE
   document = np.cumsum(opens) - 1
   first = np.flatnonzero(opens)
   positions = np.arange(len(inputs)) - first[document]
@@ -211,7 +224,11 @@ def token_bytes(directory: str) -> np.ndarray:
 class BlockSource:
   """Random access to one split of a prepared dataset: decoded blocks (`decode_block`)."""
 
-  def __init__(self, directory: str, split: str, *, mask_documents: bool = True):
+  def __init__(self, directory: str, split: str, *, mask_documents: bool = True,
+               documents: str = "separate"):
+    if documents not in DOCUMENTS or (documents == "stream" and mask_documents):
+      decode_block(np.zeros((2, 2), np.int32), mask_documents=mask_documents,
+                   documents=documents)          # its error, before any file is read
     manifest = read_manifest(directory)
     if split not in manifest["splits"]:
       raise ValueError(f"{directory!r} has no split {split!r}: allowed "
@@ -224,6 +241,7 @@ class BlockSource:
     self.block_size = manifest["block_size"]
     self.pad_id = manifest["tokenizer"]["pad_id"]
     self.mask_documents = mask_documents
+    self.documents = documents
     self.records = grain.sources.ArrayRecordDataSource(paths)
     if len(self.records) != info["blocks"]:
       raise ValueError(f"{directory!r}: split {split!r} holds {len(self.records)} blocks, "
@@ -234,7 +252,7 @@ class BlockSource:
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     return decode_block(decode_record(self.records[index]), pad_id=self.pad_id,
-                        mask_documents=self.mask_documents)
+                        mask_documents=self.mask_documents, documents=self.documents)
 
 
 def spread(source, n: Optional[int]) -> list:

@@ -14,15 +14,21 @@ from t2mlr_jax.eval import downstream, runner
 from t2mlr_jax.eval.bpb import evaluate_bpb
 
 
+def _trained_data(model: str) -> dict:
+  """The `data` group of the `lm` run a training workdir is ({} for anything else)."""
+  config_file = os.path.join(model, "config.json")
+  if not os.path.isdir(os.path.join(model, "checkpoints")) or not os.path.isfile(config_file):
+    return {}
+  with open(config_file) as f:
+    data = json.load(f).get("data", {})
+  return data if data.get("task") == "lm" else {}
+
+
 def _trained_tokenizer_hash(model: str):
   """The tokenizer hash of the prepared dataset a training workdir learned from (None
   when the model is not such a workdir or the dataset is not readable here)."""
-  config_file = os.path.join(model, "config.json")
-  if not os.path.isdir(os.path.join(model, "checkpoints")) or not os.path.isfile(config_file):
-    return None
-  with open(config_file) as f:
-    data = json.load(f).get("data", {})
-  if data.get("task") != "lm" or not data.get("path"):
+  data = _trained_data(model)
+  if not data.get("path"):
     return None
   try:
     return lm.read_manifest(data["path"])["tokenizer"]["sha256"]
@@ -33,7 +39,8 @@ def _trained_tokenizer_hash(model: str):
 def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
                       blocks=None, modes=None, batch_size: int = 8) -> dict:
   """Bits per byte of a model on a prepared dataset's split, in each mode (`eval_modes`;
-  the result's key is "views", as the results files have it)."""
+  the result's key is "views", as the results files have it). A training workdir's blocks
+  are read as it trained on them (data.documents, data.mask_documents)."""
   manifest = lm.read_manifest(data)
   cfg, params = loading.load_model(model, field="--model")
   block, vocab = manifest["block_size"], manifest["tokenizer"]["vocab_size"]
@@ -46,7 +53,10 @@ def evaluate_bpb_task(data: str, model: str, *, split: str = "validation",
   if trained is not None and trained != manifest["tokenizer"]["sha256"]:
     raise ValueError(f"--data {data!r} was tokenized with another tokenizer than the one "
                      f"{model!r} was trained with (sha256 {trained[:12]}…)")
-  examples = lm.spread(lm.BlockSource(data, split), blocks)
+  trained = _trained_data(model)
+  source = lm.BlockSource(data, split, mask_documents=trained.get("mask_documents", True),
+                          documents=trained.get("documents", "separate"))
+  examples = lm.spread(source, blocks)
   batches = stack_batches(examples, block, batch_size)
   token_bytes = lm.token_bytes(data)
   by_mode = {m: evaluate_bpb(params, cfg, batches, token_bytes, mode=m)

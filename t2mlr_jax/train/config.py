@@ -57,6 +57,10 @@ def _check_mode(mode) -> None:
     _fail("train.mode", mode, f"one of {allowed}")
 
 
+# train.grad_accum_average: how microbatches' losses combine (train.step.make_train_step)
+GRAD_ACCUM_AVERAGES = ("tokens", "microbatches")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """The `train` group, typed and checked on construction (`train_config(config)`); the
@@ -75,6 +79,8 @@ class TrainConfig:
   async_checkpointing: bool = True
   loss_chunk: Optional[int] = None  # head + CE this many positions at a time
   grad_accum_steps: int = 1         # microbatches per optimizer step (the batch split in k)
+  grad_accum_average: str = "tokens"  # "tokens" (the whole batch's token mean) or
+  #                                     "microbatches" (mean of their means: the LRT release)
 
   def __post_init__(self):
     for name in ("num_steps", "batch_size", "seq_len", "eval_every", "checkpoint_every",
@@ -91,6 +97,9 @@ class TrainConfig:
 
   def _check_steps(self):
     """grad_accum_steps (dividing the batch), resume_step and stop_after_steps."""
+    if self.grad_accum_average not in GRAD_ACCUM_AVERAGES:
+      _fail("train.grad_accum_average", self.grad_accum_average,
+            f"one of {GRAD_ACCUM_AVERAGES}")
     k = self.grad_accum_steps
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
       _fail("train.grad_accum_steps", k, "an integer >= 1 (microbatches per optimizer step)")

@@ -15,6 +15,7 @@ from t2mlr_jax.data import pathfinding, prosqa, s5_curricula, s5_group
 
 SFT_FORMATS = ("auto", "gsm8k_aug", "prompt_response")   # data.sft.FORMATS
 TOO_LONG = ("error", "drop")
+LM_DOCUMENTS = ("separate", "stream")                      # data.lm.DOCUMENTS
 
 
 def _fail(field, value, allowed):
@@ -278,13 +279,21 @@ class LMData(DataConfig):
   """Language modelling on a prepared dataset (python -m t2mlr_jax.data.prepare)."""
   task: str = "lm"
   path: Optional[str] = None
-  mask_documents: bool = True       # attention and memory do not cross documents
+  mask_documents: bool = True       # attention does not cross documents
+  documents: str = "separate"       # "separate": positions and the memory restart at each
+  #                                   document, its first token not predicted; "stream":
+  #                                   the block as one stream (nanochat, the LRT release)
   train_split: str = "train"
   eval_split: str = "validation"
   eval_blocks: Optional[int] = None   # held-out blocks scored (None: every block)
 
   def __post_init__(self):
     super().__post_init__()
+    if self.documents not in LM_DOCUMENTS:
+      _fail("data.documents", self.documents, f"one of {LM_DOCUMENTS}")
+    if self.documents == "stream" and self.mask_documents:
+      _fail("data.documents", self.documents, "'separate' with data.mask_documents=True "
+            "('stream' attends across documents: set data.mask_documents=False)")
     n = self.eval_blocks
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
       _fail("data.eval_blocks", n, "None (every block) or an integer >= 1")

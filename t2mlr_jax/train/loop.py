@@ -425,7 +425,7 @@ def _steps(run: _Run, cleanup: contextlib.ExitStack, progress: bool) -> dict:
   else:
     train_step = make_train_step(run.cfg, run.tx, run.schedule, run.mode, run.mesh,
                                  t.get("loss_chunk"), t.get("grad_accum_steps", 1),
-                                 t.num_steps)
+                                 t.num_steps, t.get("grad_accum_average", "tokens"))
     step_flops = _step_flops(run.cfg, t, run.mode)
     what = f"{run.mode} train step"
   data_sharding = sharding.batch_sharding(run.mesh)

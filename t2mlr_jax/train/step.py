@@ -23,6 +23,7 @@ from t2mlr_jax import sharding
 from t2mlr_jax.model import recurrence
 from t2mlr_jax.model.api import AnyModelConfig, init_model, loss as model_loss, loss_token_totals
 from t2mlr_jax.registry import family_of
+from t2mlr_jax.train.config import GRAD_ACCUM_AVERAGES
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -148,17 +149,24 @@ def apply_update(state: TrainState, now, grads, loss, tx, advance=True):
 
 def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
                     loss_chunk: Optional[int] = None, grad_accum_steps: int = 1,
-                    num_steps: Optional[int] = None):
+                    num_steps: Optional[int] = None, grad_accum_average: str = "tokens"):
   """jit(state, batch) -> (state, metrics); the state buffer is donated. loss_chunk: the
   LM head and CE a chunk of positions at a time (see `model.api.loss`). grad_accum_steps
   k > 1: the batch runs as k microbatches in a `lax.scan`, their fp32 gradients summed
-  into one update; the loss keeps its meaning (token-weighted over the whole batch; for
-  LRT each pass's mean over the whole batch, then its weighting), so the update equals
-  the one-shot step's to fp32 rounding (with a Jacobi tolerance each microbatch stops
-  on its own). The attention kernel is resolved for the mesh's devices here, once.
-  num_steps: the run's length, for leaves set per step (`at_step`)."""
+  into one update. grad_accum_average "tokens": the loss keeps its meaning
+  (token-weighted over the whole batch; for LRT each pass's mean over the whole batch,
+  then its weighting), so the update equals the one-shot step's to fp32 rounding (with a
+  Jacobi tolerance each microbatch stops on its own); "microbatches": the mean of the
+  microbatches' own losses (nanochat's and the LRT release's accumulation; the same when
+  every microbatch supervises as many tokens). The attention kernel is resolved for the
+  mesh's devices here, once. num_steps: the run's length, for leaves set per step
+  (`at_step`)."""
   cfg = family_of(cfg).for_devices(cfg, mesh.devices.flat)
   k = grad_accum_steps
+  if grad_accum_average not in GRAD_ACCUM_AVERAGES:
+    raise ValueError(f"train.grad_accum_average={grad_accum_average!r} is invalid: allowed "
+                     f"one of {GRAD_ACCUM_AVERAGES}")
+  per_micro = grad_accum_average == "microbatches"
 
   def loss_fn(params, batch, totals=None):
     value, aux = model_loss(
@@ -172,7 +180,8 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def accumulated(params, batch):
-    totals = loss_token_totals(cfg, mode, batch["target_ids"])
+    # per_micro: each microbatch's loss its own mean (token_totals None), averaged below
+    totals = None if per_micro else loss_token_totals(cfg, mode, batch["target_ids"])
 
     def body(carry, micro):
       micro = jax.tree.map(sharding.constrain_batch, micro)
@@ -184,8 +193,12 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
     (grads, loss, count), auxs = jax.lax.scan(body, init, _microbatches(batch, k))
+    aux = _reduce_aux(auxs)
+    if per_micro:
+      grads, loss = jax.tree.map(lambda g: g / k, grads), loss / k
+      aux = {key: v / k if key in ACCUM_SUM else v for key, v in aux.items()}
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-    return (loss, (_reduce_aux(auxs), count)), grads
+    return (loss, (aux, count)), grads
 
   def step(state: TrainState, batch):
     now = at_step(state.params, cfg, state.step, num_steps)

@@ -323,7 +323,7 @@ def _lm_source(config, split):
   if not d.path:
     _fail("data.path", d.path, "a prepared dataset directory (python -m "
           "t2mlr_jax.data.prepare)")
-  return BlockSource(d.path, split, mask_documents=d.mask_documents)
+  return BlockSource(d.path, split, mask_documents=d.mask_documents, documents=d.documents)
 
 
 def _lm_train_source(config, num_examples):

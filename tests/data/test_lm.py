@@ -66,6 +66,24 @@ def test_decoded_blocks_reset_positions_and_segments_at_document_starts():
   assert "segment_ids" not in lm.decode_block(blocks[1], mask_documents=False)
 
 
+def test_a_stream_block_is_read_as_the_lrt_release_reads_it():
+  """documents="stream": positions 0..T-1 from the block start (so the memory resets at
+  t = 0 only), every target predicted (the next document's BOS too), no segment ids."""
+  T = 24
+  _, blocks = _packed(DOCS[:2] + ["ab"], T)
+  ex = lm.decode_block(blocks[1], mask_documents=False, documents="stream")
+  assert ex["positions"].tolist() == list(range(T)) and "segment_ids" not in ex
+  assert (ex["target_ids"] == blocks[1][0, 1:]).all()
+  assert (blocks[1][1, 1:] == 1).any()        # the block does hold a document start
+  last = lm.decode_block(blocks[-1], mask_documents=False, documents="stream")
+  pad = blocks[-1][0, :-1] < 0
+  assert (last["target_ids"][pad] == IGNORE).all() and (last["positions"][pad] == 0).all()
+  with pytest.raises(ValueError, match="allowed only with data.mask_documents=False"):
+    lm.decode_block(blocks[1], documents="stream")
+  with pytest.raises(ValueError, match=r"documents='all' is invalid: allowed one of"):
+    lm.decode_block(blocks[1], documents="all")
+
+
 def _two_documents(T=16):
   """A block that holds the end of one document and a whole second one, and the second
   document alone (positions from 0): the model must treat both the same."""

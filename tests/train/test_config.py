@@ -13,7 +13,7 @@ from ml_collections import config_dict, config_flags
 
 from t2mlr_jax import checkpoint, registry
 from t2mlr_jax.config import RecurrenceConfig, migrate_experiment_config
-from t2mlr_jax.data import sft
+from t2mlr_jax.data import lm, sft
 from t2mlr_jax.model.recurrence import t2mlr as t2mlr_module
 from t2mlr_jax.train import tasks
 from t2mlr_jax.train.config import (
@@ -27,6 +27,7 @@ from t2mlr_jax.train.config import (
 )
 from t2mlr_jax.train.data_configs import (
   DATA_CONFIGS,
+  LM_DOCUMENTS,
   SFT_FORMATS,
   LMData,
   S5RetrievalData,
@@ -60,6 +61,7 @@ def test_each_task_declares_its_data_config_and_the_group_is_their_union():
         assert group[f.name] == f.default, f.name
   assert set(group) == set(defaults) | {"task"}
   assert group.task == "s5_retrieval" and SFT_FORMATS == sft.FORMATS
+  assert LM_DOCUMENTS == lm.DOCUMENTS
 
 
 @pytest.mark.parametrize("task,field,value,allowed", [
@@ -76,6 +78,8 @@ def test_each_task_declares_its_data_config_and_the_group_is_their_union():
     ("sft", "too_long", "truncate", "one of ('error', 'drop')"),
     ("lm", "eval_blocks", 0, "None (every block) or an integer >= 1"),
     ("lm", "eval_batch_size", 0, "an integer >= 1"),
+    ("lm", "documents", "joined", "one of ('separate', 'stream')"),
+    ("lm", "documents", "stream", "'separate' with data.mask_documents=True"),
     ("imagenet", "task", "imagenet", "one of ['lm', 'pathfinding', 'prosqa', 's5_retrieval', "
      "'s5_word_problem', 'sft', 'variable_assignment']"),
 ])

@@ -5,8 +5,10 @@ resume run in the slow step, for the default suite's time.)"""
 
 import jax
 import numpy as np
+import optax
 import pytest
 
+import t2mlr_jax
 from t2mlr_jax import LRTConfig, ModelConfig, T2MLRConfig, sharding
 from t2mlr_jax.train.config import base_config
 from t2mlr_jax.train.optimizer import make_optimizer
@@ -68,6 +70,36 @@ def test_accumulated_step_equals_the_one_shot_step(cfg, mode, ks):
                                  rtol=2e-6)
     if mode == "jacobi":        # the most sweeps any microbatch ran
       assert int(metrics["jacobi_sweeps"]) == int(one_metrics["jacobi_sweeps"])
+
+
+def test_microbatch_averaging_is_the_mean_of_the_microbatches_means():
+  """train.grad_accum_average="microbatches" (nanochat's, the LRT release's): the loss and
+  gradient are the mean of each microbatch's own token mean; with uneven supervision they
+  differ from the default token-weighted one-shot step."""
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  tx = optax.sgd(1.0)
+  state = create_state(PLAIN, tx, jax.random.PRNGKey(0), mesh)
+  batch = _batch(PLAIN, B=4)
+  halves = [{k: v[i::2] for k, v in batch.items()} for i in range(2)]   # rows j, j+k, ...
+
+  def mean_loss(params, b):
+    return t2mlr_jax.loss(params, PLAIN, b["input_ids"], mode="parallel",
+                          targets=b["target_ids"])
+  want = np.mean([float(mean_loss(state.params, h)) for h in halves])
+  want_grad = jax.tree.map(lambda a, b: (a + b) / 2,
+                           *[jax.grad(mean_loss)(state.params, h) for h in halves])
+  token_mean = float(mean_loss(state.params, batch))
+  assert abs(token_mean - want) > 1e-4        # rows supervise unevenly (fp32 noise: 1e-6)
+  before = jax.device_get(state.params)
+  step = make_train_step(PLAIN, tx, lambda s: 0.0, "parallel", mesh, grad_accum_steps=2,
+                         grad_accum_average="microbatches")
+  new, metrics = step(state, batch)           # (the state is donated)
+  np.testing.assert_allclose(float(metrics["loss"]), want, rtol=1e-6)
+  for p0, p1, g in zip(*(jax.tree.leaves(t) for t in (before, new.params, want_grad))):
+    np.testing.assert_allclose(np.asarray(p0) - np.asarray(p1), g, atol=1e-6)
+  with pytest.raises(ValueError, match=r"train.grad_accum_average='sum' is invalid: allowed "
+                     r"one of \('tokens', 'microbatches'\)"):
+    make_train_step(PLAIN, tx, lambda s: 0.0, "parallel", mesh, grad_accum_average="sum")
 
 
 def test_batch_layouts_accumulation_cannot_split_are_named():

@@ -4,6 +4,8 @@ views, resuming mid-epoch, `evaluate --task=bpb`, and bad data configs."""
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -79,6 +81,33 @@ def test_train_resume_and_bits_per_byte_in_three_views(data, tmp_path):
   assert result["views"]["parallel"]["bpb"] == pytest.approx(final["parallel"]["bpb"],
                                                              rel=1e-5)
   assert result["views"]["jacobi"]["bpb"] == pytest.approx(final["jacobi"]["bpb"], rel=1e-5)
+
+
+@pytest.mark.slow       # an LM run and an evaluate process
+def test_multi_refine_on_a_stream_is_scored_per_pass(data, tmp_path):
+  """Blocks read as one stream (data.documents="stream", the LRT release's) train under
+  multi_refine; evals add every pass's bits per byte (the last = the mode's), and
+  `evaluate --task=bpb --mode=multi_refine,exact` reproduces them."""
+  wd = str(tmp_path / "run")
+  c = _config(data)
+  c.data.update(documents="stream", mask_documents=False)
+  c.train.mode = "multi_refine"
+  c.model.schedule_options.refine_passes = 2
+  loop.train(c, wd, progress=False)
+  final = read_metrics(wd, "eval")[-1]["multi_refine"]
+  assert len(final["pass_bpb"]) == 3 and final["pass_bpb"][-1] == final["bpb"]
+  out = subprocess.run([sys.executable, "-m", "t2mlr_jax.evaluate", "--task=bpb",
+                        f"--data={data}", f"--model={wd}", "--mode=multi_refine,exact",
+                        "--blocks=8"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  views = json.loads(out.stdout)["views"]
+  assert list(views) == ["multi_refine", "exact"]
+  np.testing.assert_allclose(views["multi_refine"]["pass_bpb"], final["pass_bpb"], rtol=1e-5)
+  bad = subprocess.run([sys.executable, "-m", "t2mlr_jax.evaluate", "--task=bpb",
+                        f"--data={data}", f"--model={wd}", "--mode=exact,sideways"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+  assert bad.returncode != 0 and "--mode='exact,sideways' is invalid" in bad.stderr
 
 
 @pytest.mark.parametrize("edit,match", [

@@ -1,7 +1,7 @@
-"""The multi-refine schedule (the LRT paper's baseline; its semantics are ours), for any
-recurrence type: pass 0 over every position with every state zero, then `refine_passes`
-full passes, pass k reading the states pass k−1 left (with refine_detach, under
-stop_gradient). After p passes positions 0..p are exact; refine_passes >= T−1 is the exact
+"""The multi-refine schedule (the LRT release's a133a67 `--multi-refine`; equal to it on its
+goldens), for any recurrence type: pass 0 over every position with every state zero, then
+`refine_passes` full passes, pass k reading the states pass k−1 left (with refine_detach,
+under stop_gradient). After p passes positions 0..p are exact; refine_passes >= T−1 is the exact
 recurrence. The passes run in one `lax.scan`, so compile time does not grow with their
 number. Layers below the recurrent span run once."""
 
@@ -114,4 +114,4 @@ def pass_loss(pass_logits, labels_BT, options: dict, totals=None):
 
 SCHEDULE = SCHEDULES.register(Schedule(
     name="multi_refine", run=run, flops=flops, options=RefineOptions, pass_loss=pass_loss,
-    loss_options=("refine_weights",), source=__name__))
+    loss_options=("refine_weights",), pass_views=True, source=__name__))
