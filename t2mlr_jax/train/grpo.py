@@ -17,11 +17,11 @@ import dataclasses
 from typing import NamedTuple, Optional
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from t2mlr_jax.config import ModelConfig, invalid
+from t2mlr_jax.losses import token_nll
 from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
 from t2mlr_jax.model.decode import generate
 from t2mlr_jax.model.modes import forward
@@ -177,8 +177,7 @@ def rollout_inputs(prompt_BP, lengths_B, prompt_cf_BP, completions_BC):
 def token_logprobs(logits_BCV, tokens_BC, temperature: float):
   """log softmax(logits / temperature) at each token [B, C] (fp32): the sampling policy's
   log-probability (top-k / top-p truncation is not in it, as in TRL)."""
-  logp = jax.nn.log_softmax(logits_BCV.astype(jnp.float32) / temperature, axis=-1)
-  return jnp.take_along_axis(logp, tokens_BC[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return -token_nll(logits_BCV.astype(jnp.float32) / temperature, tokens_BC)[0]
 
 
 def score(params, cfg: ModelConfig, rollout: Rollout, *, mode: str, temperature: float,
