@@ -181,13 +181,19 @@ def token_logprobs(logits_BCV, tokens_BC, temperature: float):
 
 
 def score(params, cfg: ModelConfig, rollout: Rollout, *, mode: str, temperature: float,
-          **mode_options):
+          return_stats: bool = False, **mode_options):
   """[B, C] log-probabilities of each completion token under `mode` (the policy's at
-  `temperature`): one forward over prompt and completion with the sampler's side inputs."""
-  logits = forward(params, cfg, rollout.tokens, mode=mode, control_flow=rollout.control_flow,
-                   positions=rollout.positions, segment_ids=rollout.segment_ids, **mode_options)
+  `temperature`): one forward over prompt and completion with the sampler's side inputs.
+  return_stats: (log-probs, the forward's scalar metrics: T2MLR's mean gates, a Jacobi
+  scorer's sweeps and residual)."""
+  logits, aux = forward(params, cfg, rollout.tokens, mode=mode,
+                        control_flow=rollout.control_flow, positions=rollout.positions,
+                        segment_ids=rollout.segment_ids, return_aux=True, **mode_options)
   P, C = rollout.prompt_len, rollout.mask.shape[1]
-  return token_logprobs(logits[:, P - 1:P + C - 1], rollout.tokens[:, P:], temperature)
+  logp = token_logprobs(logits[:, P - 1:P + C - 1], rollout.tokens[:, P:], temperature)
+  if not return_stats:
+    return logp
+  return logp, {k: v for k, v in aux.items() if jnp.ndim(v) == 0}
 
 
 def left_pad(prompts: list, pad_id: int = 0, width: Optional[int] = None):

@@ -259,13 +259,15 @@ def _update(state, rollout, old_logp, ref_logp, adv, *, cfg, rl, tx, schedule, n
   now = at_step(state.params, cfg, state.step, num_steps)
 
   def loss_fn(params):
-    logp = grpo.score(params, cfg, rollout, mode=rl.score_mode, temperature=rl.temperature)
+    logp, stats = grpo.score(params, cfg, rollout, mode=rl.score_mode,
+                             temperature=rl.temperature, return_stats=True)
     old = jax.lax.stop_gradient(logp) if old_logp is None else old_logp
     loss, aux = grpo.objective(logp, old, ref_logp, adv, rollout.mask, rl)
     # max |scorer - sampler| log-probability: 0 up to rounding in exact mode, the
     # approximation's size under a schedule (meaningful at the batch's first update)
     gap = jnp.where(rollout.mask, jax.lax.stop_gradient(logp) - rollout.sampler_logp, 0.0)
-    return loss, {**aux, "sampler_scorer_gap": jnp.max(jnp.abs(gap))}
+    stats = jax.tree.map(jax.lax.stop_gradient, stats)   # the scorer's gates on the rollouts
+    return loss, {**stats, **aux, "sampler_scorer_gap": jnp.max(jnp.abs(gap))}
 
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(now)

@@ -82,6 +82,7 @@ def test_rl_trains_and_a_resumed_run_equals_the_uninterrupted_one(whole, tmp_pat
     assert 0 <= r["reward_mean"] <= 1 and r["groups_all_equal"] < 1
     assert r["completion_length"] > 0 and r["sampler_scorer_gap"] < 2e-5
     assert r["kl"] >= 0 and 0 <= r["clip_fraction"] <= 1
+    assert 0 < r["gate_rec"] < 1 and 0 < r["gate_cur"] < 1    # the scorer's mean gates
   assert logs[0]["kl"] == 0.0 and logs[-1]["kl"] > 0      # the policy leaves its reference
   assert read_metrics(whole, "eval")[-1]["step"] == 3
   train(_config(**{"train.stop_after_steps": 1}), parts, progress=False)
