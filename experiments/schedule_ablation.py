@@ -63,6 +63,11 @@ TASKS = {
         "t2mlr_interleaved": ("lm_gutenberg", "t2mlr", _INTERLEAVED_2),
         "lrt_interleaved": ("lm_gutenberg", "lrt_layerwise", _INTERLEAVED_2),
         "lrt_jacobi": ("lm_gutenberg", "lrt_layerwise", _JACOBI_16_4),
+        # the LRT release's three arms (issue 55), all trained with the gate out of weight
+        # decay: the plain backbone (adopted), interleaved S = 2 again, multi-refine K = 3
+        "transformer": ("lm_gutenberg", "transformer", {}),
+        "lrt_interleaved_fresh": ("lm_gutenberg", "lrt_layerwise", _INTERLEAVED_2),
+        "lrt_multi_refine": ("lm_gutenberg", "lrt_layerwise", _MULTI_REFINE_3),
     }),
 }
 LM_TOKENS = 2_457_600        # experiments/pretrain_lm.py's budget
@@ -78,6 +83,7 @@ ADOPTED = {
     "retrieval": {"t2mlr_jacobi": ("s5_default_job.json", ("runs", "t2mlr")),
                   "lrt_interleaved": ("s5_default_job.json", ("runs", "lrt_decayed_gate"))},
     "lm": {"t2mlr_jacobi": ("pretrain_lm.json", ("arms", "t2mlr_16_4")),
+           "transformer": ("pretrain_lm.json", ("arms", "transformer")),
            "lrt_interleaved": ("pretrain_lm.json", ("arms", "lrt_layerwise_decayed_gate"))},
 }
 
@@ -105,7 +111,10 @@ def _final_metrics(task: str, evals: list) -> dict:
   final = evals[-1]
   if task == "lm":
     views = {k: v["bpb"] for k, v in final.items() if isinstance(v, dict) and "bpb" in v}
-    return {"bpb_exact": final["bpb"], "bpb_views": views}
+    passes = {k: v["pass_bpb"] for k, v in final.items() if isinstance(v, dict)
+              and "pass_bpb" in v}                   # multi_refine: every pass's BPB
+    return {"bpb_exact": final["bpb"], "bpb_views": views, **(
+        {"bpb_passes": passes} if passes else {})}
   return {k: final[k] for k in ("seq_acc", "state_acc", "value_acc", "seq_acc_by_length",
                                 "state_acc_by_length", "value_acc_by_length") if k in final}
 
@@ -140,7 +149,8 @@ def run_one(task: str, run: str, workroot: str, steps=None) -> dict:
   return {
       "config": f"configs/{module}.py:{lm_variant or TASKS[task][0]}".rstrip(":"),
       "overrides": overrides, "train_mode": mode, "params": cfg.num_params(),
-      "recurrence": cfg.recurrence.to_dict(), "steps": t.num_steps, "seed": t.seed,
+      "recurrence": cfg.recurrence.to_dict() if cfg.recurrence else None,
+      "steps": t.num_steps, "seed": t.seed,
       "tokens": t.num_steps * t.batch_size * t.seq_len, "step_flops": step_flops,
       "train_flops": t.num_steps * step_flops,
       "jacobi_sweeps_logged": sorted(set(sweeps)) or None,
@@ -183,7 +193,8 @@ def adopt(task: str, run: str) -> dict:
       "config": f"configs/{TASKS[task][1][run][0]}.py:{TASKS[task][1][run][1] or TASKS[task][0]}"
                 .rstrip(":"),
       "overrides": TASKS[task][1][run][2], "train_mode": mode, "params": cfg.num_params(),
-      "recurrence": cfg.recurrence.to_dict(), "steps": t.num_steps, "seed": t.seed,
+      "recurrence": cfg.recurrence.to_dict() if cfg.recurrence else None,
+      "steps": t.num_steps, "seed": t.seed,
       "tokens": t.num_steps * t.batch_size * t.seq_len, "step_flops": step_flops,
       "train_flops": t.num_steps * step_flops, "jacobi_sweeps_logged": None,
       "adopted_from": f"experiments/results/{file}:{'.'.join(keys)}",
@@ -217,12 +228,13 @@ def table(task: str) -> str:
     base = runs.get("t2mlr_jacobi", {}).get("train_flops")
     lines = ["| run | schedule | params | BPB exact | BPB training view | BPB memory off "
              "| train FLOPs (× T2MLR Jacobi) | wall |", "|---|---|---|---|---|---|---|---|"]
+    shown = lambda x: "–" if x is None else f"{x:.4f}"    # (no recurrence: one view)
     for name, r in _ordered(task, runs):
-      view = r["bpb_views"].get(r["train_mode"], float("nan"))
+      view = r["bpb_views"].get(r["train_mode"]) if r["recurrence"] else None
       ratio = f" ({r['train_flops'] / base:.2f}×)" if base else ""
-      off = r["bpb_views"].get("parallel", float("nan"))
+      off = r["bpb_views"].get("parallel") if r["recurrence"] else None
       lines.append(f"| {_name(name, r)} | {r['train_mode']} | {r['params']:,} | "
-                   f"{r['bpb_exact']:.4f} | {view:.4f} | {off:.4f} | "
+                   f"{r['bpb_exact']:.4f} | {shown(view)} | {shown(off)} | "
                    f"{r['train_flops']:.3g}{ratio} | {r['wall_s'] / 60:.0f} min |")
     return "\n".join(lines + _footnote(runs))
   lengths = sorted({k for r in runs.values() for k in r["seq_acc_by_length"]}, key=int)
