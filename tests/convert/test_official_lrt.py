@@ -14,6 +14,7 @@ import optax
 import pytest
 import torch
 
+import t2mlr_jax
 from t2mlr_jax import checkpoint
 from t2mlr_jax.convert import __main__ as convert_cli
 from t2mlr_jax.convert.official_lrt import (
@@ -46,13 +47,17 @@ def release_eval():
 
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_release_checkpoint_evaluates_as_the_release(name, release_eval):
-  """Exact-mode BPB = the release's sequential (token by token) BPB; the schedule's BPB =
-  its evaluate_bpb (multi_refine: every pass's; interleaved: the merged view)."""
+  """Exact-mode logits = the release's token-by-token recurrence's (2e-5), and its BPB =
+  the release's sequential BPB; the schedule's BPB = its evaluate_bpb (multi_refine:
+  every pass's; interleaved: the merged view)."""
   batch, token_bytes, results = release_eval
   cfg, params, schedule, meta = load_official_checkpoint(
       os.path.join(RELEASE, name), rope_table_dtype="float32")   # the driver's table
   assert schedule == name and meta["step"] == 3
   want = results[name]
+  logits = t2mlr_jax.forward(params, cfg, batch["input_ids"], mode="exact")
+  seq = np.load(os.path.join(RELEASE, "eval.npz"))[f"{name}/sequential_logits"]
+  np.testing.assert_allclose(np.asarray(logits)[..., :seq.shape[-1]], seq, atol=2e-5, rtol=0)
   exact = evaluate_bpb(params, cfg, [batch], token_bytes, mode="exact")
   np.testing.assert_allclose(exact["bpb"], want["sequential_bpb"], rtol=BPB)
   ours = evaluate_bpb(params, cfg, [batch], token_bytes, mode=schedule)

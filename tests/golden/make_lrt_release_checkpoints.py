@@ -63,6 +63,23 @@ def _json_config(cfg: dict) -> dict:
   return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
 
 
+@torch.no_grad()
+def sequential_logits(model, x) -> np.ndarray:
+  """[B, T, V] logits of the release's token-by-token recurrence: the loop of its
+  `evaluate_bpb_sequential(mode="recurrent")` (KV cache, h_final of t−1 fed to t), kept."""
+  from nanochat.engine import KVCache
+  c = model.config
+  B, T = x.shape
+  cache = KVCache(B, c.n_kv_head, T, c.n_embd // c.n_head, c.n_layer, x.device, torch.float32)
+  h = torch.zeros(B, 1, c.n_embd)
+  out = []
+  for t in range(T):
+    logits, h = model(x[:, t:t + 1], kv_cache=cache, h_final_prev=h, pass_idx=int(t > 0),
+                      return_hidden=True)
+    out.append(logits[:, 0].numpy())
+  return np.stack(out, axis=1)
+
+
 def make(gpt, loss_eval, name: str, cfg: dict, seed: int, eval_batch) -> dict:
   torch.manual_seed(seed)
   model = gpt.GPT(gpt.GPTConfig(**cfg), pad_vocab_size_to=64)
@@ -97,7 +114,7 @@ def make(gpt, loss_eval, name: str, cfg: dict, seed: int, eval_batch) -> dict:
   with open(os.path.join(directory, f"meta_{STEP:06d}.json"), "w", encoding="utf-8") as f:
     json.dump(meta, f, indent=2)
   return {"bpb": result["bpb"], "per_pass_bpb": result["per_pass_bpb"],
-          "sequential_bpb": sequential["bpb"]}
+          "sequential_bpb": sequential["bpb"]}, sequential_logits(model, x)
 
 
 def main(argv=None):
@@ -118,11 +135,14 @@ def main(argv=None):
   y[0, :2] = -1                                  # ignored targets
   token_bytes = torch.randint(1, 5, (64,), generator=g)
   token_bytes[0] = 0                             # a special token: no bytes
-  results = {name: make(gpt, loss_eval, name, cfg, seed=11 + i, eval_batch=(x, y, token_bytes))
-             for i, (name, cfg) in enumerate(MODELS.items())}
+  results, logits = {}, {}
+  for i, (name, cfg) in enumerate(MODELS.items()):
+    results[name], logits[f"{name}/sequential_logits"] = make(
+        gpt, loss_eval, name, cfg, seed=11 + i, eval_batch=(x, y, token_bytes))
   np.savez_compressed(os.path.join(OUT, "eval.npz"), tokens=x.numpy().astype(np.int32),
                       targets=y.numpy().astype(np.int32),
-                      token_bytes=token_bytes.numpy().astype(np.int32))
+                      token_bytes=token_bytes.numpy().astype(np.int32),
+                      **{k: v.astype(np.float32) for k, v in logits.items()})
   doc = {"official_commit": _refine_driver().COMMIT, "torch": torch.__version__,
          "step": STEP, "results": results,
          "changes_to_official_code": "the rotary table kept in float32 (two lines)"}
