@@ -111,7 +111,7 @@ def config_from_official(config: Mapping[str, Any], padded_vocab: int, **overrid
     options.update(sched_over)
   elif rec_over or sched_over:
     raise ValueError(f"{sorted({**rec_over, **sched_over})[0]} is an LRT option: allowed "
-                     "only with use_interleaved=True")
+                     "only with use_interleaved=True or use_multi_refine=True")
   elif get("use_value_embeds", True):
     ve = "every" if get("ve_every_layer", False) else "alternating"
   model_over.setdefault("rope_table_dtype", "bfloat16")

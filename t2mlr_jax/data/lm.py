@@ -152,6 +152,15 @@ def pack_documents(docs: Iterable[np.ndarray], block_size: int) -> Iterator[np.n
 DOCUMENTS = ("separate", "stream")     # data.documents: how a block's documents meet
 
 
+def check_documents(documents: str, mask_documents: bool) -> None:
+  """Refuse a document handling `decode_block` cannot apply (named, with what is allowed)."""
+  if documents not in DOCUMENTS:
+    raise ValueError(f"documents={documents!r} is invalid: allowed one of {DOCUMENTS}")
+  if documents == "stream" and mask_documents:
+    raise ValueError("data.documents='stream' attends across documents: allowed only with "
+                     "data.mask_documents=False")
+
+
 def decode_block(block: np.ndarray, *, pad_id: int = 0, mask_documents: bool = True,
                  documents: str = "separate") -> dict[str, np.ndarray]:
   """A stored block [2, T+1] -> a training example of T positions: input_ids,
@@ -161,11 +170,7 @@ def decode_block(block: np.ndarray, *, pad_id: int = 0, mask_documents: bool = T
   as nanochat and the LRT release do: positions count from the block start (the memory
   resets at t = 0 only), every target is predicted, no segment ids (attention crosses
   documents; mask_documents must be False)."""
-  if documents not in DOCUMENTS:
-    raise ValueError(f"documents={documents!r} is invalid: allowed one of {DOCUMENTS}")
-  if documents == "stream" and mask_documents:
-    raise ValueError("data.documents='stream' attends across documents: allowed only with "
-                     "data.mask_documents=False")
+  check_documents(documents, mask_documents)
   tokens, starts = np.asarray(block[0], np.int32), np.asarray(block[1], np.int32)
   inputs, targets = tokens[:-1], tokens[1:].copy()
   real = inputs >= 0
@@ -226,9 +231,7 @@ class BlockSource:
 
   def __init__(self, directory: str, split: str, *, mask_documents: bool = True,
                documents: str = "separate"):
-    if documents not in DOCUMENTS or (documents == "stream" and mask_documents):
-      decode_block(np.zeros((2, 2), np.int32), mask_documents=mask_documents,
-                   documents=documents)          # its error, before any file is read
+    check_documents(documents, mask_documents)       # before any file is read
     manifest = read_manifest(directory)
     if split not in manifest["splits"]:
       raise ValueError(f"{directory!r} has no split {split!r}: allowed "

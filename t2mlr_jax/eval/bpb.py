@@ -25,10 +25,16 @@ from t2mlr_jax.sharding import shard_eval_batch
 def bpb_sums(logits_BTV, labels_BT, token_bytes_V, mask_BT=None):
   """(Σ nats, Σ bytes) over the supervised positions whose label has ≥ 1 byte.
   labels follow the library's rule (negative = not predicted); token_bytes_V [V] int."""
+  return _sums(logits_BTV, labels_BT, token_bytes_V, mask_BT)[2:]
+
+
+def _sums(logits_BTV, labels_BT, token_bytes_V, mask_BT=None):
+  """(Σ nll, supervised tokens, Σ nats, Σ bytes) from one log-softmax of the logits."""
   nll, valid = token_nll(logits_BTV, labels_BT, mask_BT)
   token_bytes = jnp.asarray(token_bytes_V, jnp.int32)
   nbytes = jnp.where(valid, token_bytes[jnp.where(valid, labels_BT, 0)], 0)
-  return jnp.sum(jnp.where(nbytes > 0, nll, 0.0)), jnp.sum(nbytes)
+  return (jnp.sum(nll), jnp.sum(valid), jnp.sum(jnp.where(nbytes > 0, nll, 0.0)),
+          jnp.sum(nbytes))
 
 
 def bits_per_byte(nats, nbytes) -> float:
@@ -49,15 +55,13 @@ def _bpb_batch(params, batch, token_bytes_V, cfg, mode):
   pass ([P] each) after them."""
   logits, aux = apply_model(params, cfg, batch, mode)
   labels = batch["target_ids"]
-  nll, valid = token_nll(logits, labels)
-  nats, nbytes = bpb_sums(logits, labels, token_bytes_V)
-  out = (jnp.sum(nll), jnp.sum(valid), nats, nbytes)
+  out = _sums(logits, labels, token_bytes_V)
   if not scores_passes(mode) or "pass_logits" not in aux:   # (a family without modes)
     return out
 
   def one_pass(logits_BTV):
-    return jnp.sum(token_nll(logits_BTV, labels)[0]), bpb_sums(logits_BTV, labels,
-                                                               token_bytes_V)[0]
+    nll, _, nats, _ = _sums(logits_BTV, labels, token_bytes_V)
+    return nll, nats
   return out + jax.lax.map(one_pass, aux["pass_logits"])
 
 
