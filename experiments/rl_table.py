@@ -3,6 +3,7 @@ post-trained by GRPO; held-out greedy accuracy before and after, with standard e
 the transformer and T2MLR (docs/rl.md).
 
     python experiments/rl_table.py --arms=transformer,t2mlr --seeds=0
+    python experiments/rl_table.py --arms=transformer,t2mlr --rl_lr=1e-3   # a second RL stage
     python experiments/rl_table.py --table
 
 Each arm is configs/variable_assignment.py then configs/rl_variable_assignment.py
