@@ -26,6 +26,7 @@ from t2mlr_jax.model.control_flow import CF_PAD, CF_RECURRENT
 from t2mlr_jax.model.decode import generate
 from t2mlr_jax.model.modes import forward
 from t2mlr_jax.registry import REWARDS
+from t2mlr_jax.train.step import schedule_metrics
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo")
 ADVANTAGE_EPS = 1e-4      # TRL's: std + 1e-4 in the group normalisation
@@ -184,8 +185,9 @@ def score(params, cfg: ModelConfig, rollout: Rollout, *, mode: str, temperature:
           return_stats: bool = False, **mode_options):
   """[B, C] log-probabilities of each completion token under `mode` (the policy's at
   `temperature`): one forward over prompt and completion with the sampler's side inputs.
-  return_stats: (log-probs, the forward's scalar metrics: T2MLR's mean gates, a Jacobi
-  scorer's sweeps and residual)."""
+  return_stats: (log-probs, the forward's metrics as a training step logs them: T2MLR's
+  mean gates, LRT's per-layer gates under its schedules, a Jacobi scorer's sweeps and
+  residual)."""
   logits, aux = forward(params, cfg, rollout.tokens, mode=mode,
                         control_flow=rollout.control_flow, positions=rollout.positions,
                         segment_ids=rollout.segment_ids, return_aux=True, **mode_options)
@@ -193,7 +195,8 @@ def score(params, cfg: ModelConfig, rollout: Rollout, *, mode: str, temperature:
   logp = token_logprobs(logits[:, P - 1:P + C - 1], rollout.tokens[:, P:], temperature)
   if not return_stats:
     return logp
-  return logp, {k: v for k, v in aux.items() if jnp.ndim(v) == 0}
+  # scalars and per-layer vectors; the per-pass logits a schedule returns are not metrics
+  return logp, {k: v for k, v in schedule_metrics(aux).items() if getattr(v, "ndim", 2) <= 1}
 
 
 def left_pad(prompts: list, pad_id: int = 0, width: Optional[int] = None):

@@ -63,7 +63,7 @@ def recurrence_metrics(params, cfg: AnyModelConfig) -> dict:
   return recurrence.of(cfg).scalars(params, cfg)
 
 
-def _schedule_metrics(aux: dict) -> dict:
+def schedule_metrics(aux: dict) -> dict:
   """Scalar-or-vector metrics from a training schedule's aux: per-pass losses and the
   mean local / fb / ve gates per layer ([L] each); bulky arrays (h_final) dropped."""
   aux = dict(aux)
@@ -175,7 +175,7 @@ def make_train_step(cfg: AnyModelConfig, tx, schedule, mode: str, mesh,
         segment_ids=batch.get("segment_ids"), return_aux=True, loss_chunk=loss_chunk,
         token_totals=totals)
     count = aux.pop("supervised_tokens")
-    return value, (_schedule_metrics(aux), count)
+    return value, (schedule_metrics(aux), count)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 

@@ -91,6 +91,23 @@ def test_the_jacobi_scorers_gap_shrinks_to_zero_at_full_depth():
   assert gaps[1] > 1e-3 and gaps[T] < 2e-5, gaps
 
 
+@pytest.mark.slow       # samples the LRT model (the default suite samples T2MLR's)
+def test_the_scorer_reports_the_gates_a_training_step_logs():
+  """The update logs the scorer's forward metrics on the rollouts as training logs them:
+  T2MLR's mean gates (exact), LRT's local / fb / ve gates per layer under its schedule."""
+  rollout, rl = _rollout("lrt")
+  cfg, params = MODELS["lrt"]
+  _, stats = grpo.score(params, cfg, rollout, mode="interleaved", temperature=rl.temperature,
+                        return_stats=True)
+  for name in ("gate_local", "gate_fb", "gate_ve"):
+    assert stats[name].shape == (cfg.n_layers,), name
+    assert 0 < float(stats[name].min()) and float(stats[name].max()) < 2, name  # 2σ(·)
+  cfg, params = MODELS["t2mlr"]
+  _, stats = grpo.score(params, cfg, _rollout("t2mlr")[0], mode="exact",
+                        temperature=rl.temperature, return_stats=True)
+  assert set(stats) >= {"gate_rec", "gate_cur"} and all(np.ndim(v) == 0 for v in stats.values())
+
+
 def test_completion_mask_stops_after_the_first_eos():
   c = jnp.asarray([[4, EOS, EOS, EOS], [4, 5, 6, 7], [EOS, 4, EOS, 5]])
   np.testing.assert_array_equal(grpo.completion_mask(c, EOS),
