@@ -19,10 +19,12 @@ EXAMPLES = os.path.join(REPO_ROOT, "docs", "examples")       # docs/design.md's 
 @contextlib.contextmanager
 def imported_examples(*names):
   """docs/examples/<name> files imported as user modules (the first one yielded); what they
-  registered is unregistered afterwards, so other test modules see the built-ins only."""
+  registered is unregistered and the modules forgotten afterwards, so other test modules see
+  the built-ins only and a later import registers the types anew."""
   regs = (registry.RECURRENCES, registry.SCHEDULES, mixers.MIXERS)
   before = {r: r.names() for r in regs}
   modules = list(registry.USER_MODULES)
+  loaded = set(sys.modules)
   try:
     imported = [registry.import_user_module(os.path.join(EXAMPLES, n)) for n in names]
     yield imported[0]
@@ -31,6 +33,17 @@ def imported_examples(*names):
       for name in set(reg.names()) - set(known):
         reg.unregister(name)
     registry.USER_MODULES[:] = modules
+    forget_modules(EXAMPLES, keep=loaded)
+
+
+def forget_modules(folder, keep=()) -> None:
+  """Drop the imported modules of files under `folder` (their registrations are undone), but
+  those named in `keep`: a later import of the same file runs it again and registers anew."""
+  folder = os.path.realpath(folder)
+  for name, module in list(sys.modules.items()):
+    path = getattr(module, "__file__", None)
+    if name not in keep and path and os.path.realpath(path).startswith(folder + os.sep):
+      del sys.modules[name]
 
 
 def tiny_cfg(l_start=1, l_end=2, n_layers=4, **kw) -> ModelConfig:

@@ -110,6 +110,7 @@ def test_a_script_beside_a_clone_named_t2mlr_jax_is_told_what_happened(tmp_path)
   assert "the folder of a t2mlr_jax clone, not the package inside it" in run.stderr
 
 
+@pytest.mark.slow       # a CLI run (~20 s); test_loop.py checks the non-finite stop in process
 def test_a_diverging_run_says_so_once_and_exits_3(tmp_path):
   run = _run("t2mlr_jax.main", f"--config={TINY}", "--workdir=wd", "--progress=false",
              "--config.optimizer.lr=1e30", "--config.optimizer.grad_clip=0",

@@ -19,7 +19,7 @@ from t2mlr_jax.checkpoint import Checkpointer
 from t2mlr_jax.train.config import model_config
 from t2mlr_jax.train.optimizer import decay_mask, param_groups
 
-from _util import EXAMPLES, REPO_ROOT, tiny_cfg
+from _util import EXAMPLES, REPO_ROOT, forget_modules, tiny_cfg
 
 USER = f"--user_module={EXAMPLES}/echo.py,{EXAMPLES}/full_jacobi.py"
 CONFIG = f"--config={EXAMPLES}/s5_echo.py:tiny"
@@ -39,16 +39,6 @@ def _restore_registries():
       reg.unregister(name)
   registry.USER_MODULES[:] = modules
   forget_modules(EXAMPLES)
-
-
-def forget_modules(folder) -> None:
-  """Drop the imported modules of files under `folder` (their registrations are undone):
-  a later import of the same file runs it again and registers its types anew."""
-  folder = os.path.realpath(folder)
-  for name, module in list(sys.modules.items()):
-    path = getattr(module, "__file__", None)
-    if path and os.path.realpath(path).startswith(folder + os.sep):
-      del sys.modules[name]
 
 
 def _cli(module, *args):

@@ -27,8 +27,8 @@ from t2mlr_jax.train.metrics import read_metrics  # noqa: E402
 
 from _gguf_fixtures import write_tiny_gguf  # noqa: E402
 from _hf_fixtures import gsm8k_aug_records, make_llama_dir, make_tokenizer_dir  # noqa: E402
-from _util import REPO_ROOT
-from test_user_module import EXAMPLES, forget_modules, user_type_file  # noqa: E402
+from _util import REPO_ROOT, forget_modules
+from test_user_module import EXAMPLES, user_type_file  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "configs"))
 import retrofit_smollm2_1p7b_gsm8k as retrofit  # noqa: E402

@@ -61,7 +61,8 @@ def test_splash_falls_back_to_xla_below_its_block_and_auto_resolves_by_backend()
   assert kernels.resolve("auto", "float32", target("tpu", "TPU v3")) == "xla"
 
 
-@pytest.mark.parametrize("recurrent", [False, True], ids=["mixed-window-scan", "t2mlr"])
+@pytest.mark.parametrize("recurrent", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["mixed-window-scan", "t2mlr"])     # the first: slow step
 def test_splash_covers_local_windows(recurrent):
   """nanochat's windowed layers run the kernel's band mask: a scan over layers of mixed
   windows switches between one kernel per window (plain model), a segment of one window

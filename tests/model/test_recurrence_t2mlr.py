@@ -63,6 +63,7 @@ def test_shift_resets_at_segment_starts():
                                 [0, 1, 2, 0, 4, 5])
 
 
+@pytest.mark.slow       # four gradient programs (~25 s); test_golden.py checks the option's forward
 def test_connection_detach_cuts_the_gradient_through_time_alone():
   """`connection_detach` (the release's option) reads the state as a constant: the forward
   is unchanged; the gradient is the same in exact mode and under Jacobi at its fixed point
@@ -78,7 +79,7 @@ def test_connection_detach_cuts_the_gradient_through_time_alone():
                  forward(params, cut, tokens, mode="exact")) == 0.0
 
   def grad(c, mode, **kw):
-    return jax.grad(lambda p: t2mlr_jax.loss(p, c, tokens, mode=mode, **kw))(params)
+    return jax.jit(jax.grad(lambda p: t2mlr_jax.loss(p, c, tokens, mode=mode, **kw)))(params)
 
   def gap(a, b):
     return max(float(jnp.max(jnp.abs(x - y)) / (jnp.max(jnp.abs(x)) + 1e-6))
@@ -135,7 +136,7 @@ def test_skip_to_l_end_and_residual_weight_by_hand():
 
 @pytest.mark.parametrize("options", [
     dict(residual=False, skip_to_l_end=True, skip_weight=0.5, skip_post_norm=True),
-    dict(residual_weight=0.5)])
+    pytest.param(dict(residual_weight=0.5), marks=pytest.mark.slow)])   # the second: slow step
 def test_release_state_options_hold_in_every_mode_and_in_decode(options):
   """With the skip to l_end or a residual weight, Jacobi at D_f = T equals exact mode,
   KV-cached decoding's logits equal exact mode's teacher-forced ones, and the option
@@ -209,7 +210,9 @@ def test_the_curriculum_is_refused_where_it_would_move_nothing_or_is_misread():
 
 
 @pytest.mark.parametrize("mixer,options", [("gated", FIXED_GATE),
-                                           ("alpha_coupled", ("rezero_gamma_init=0.5",))])
+                                           pytest.param("alpha_coupled",
+                                                        ("rezero_gamma_init=0.5",),
+                                                        marks=pytest.mark.slow)])
 def test_the_curriculum_leaf_is_the_fixed_weight_in_every_mode_and_in_decode(mixer, options):
   """Under the curriculum the mixer's fixed recurrent weight is a leaf that starts at the
   curriculum's start; holding w it computes what the fixed option recurrent_weight=w

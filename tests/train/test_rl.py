@@ -179,13 +179,14 @@ def test_model_init_from_takes_a_training_workdir(tmp_path):
   assert read_metrics(str(tmp_path / "rl"))[0]["kl"] == 0.0     # the policy starts as its reference
 
 
-@pytest.mark.slow       # 16 GRPO steps of the tiny model (about 40 s)
+@pytest.mark.slow       # 16 GRPO steps of the tiny model, data parallel
 def test_grpo_raises_a_reward_the_policy_can_learn(digits_reward, tmp_path):
   """The whole loop learns: a fresh model's samples rarely hold digits (about 10 of 259
   bytes), and GRPO on the digits reward makes them more frequent step after step, the
   policy moving away from its reference (KL > 0)."""
   c = _config(**{"rl.group_size": 8})
   c.rl.temperature = 1.0
+  c.mesh.update(data=-1, fsdp=1, tensor=1)    # data parallel only: the mesh is not at issue
   c.train.update(num_steps=16, log_every=4, eval_every=16, checkpoint_every=16)
   train(c, str(tmp_path), progress=False)
   logs = read_metrics(str(tmp_path))
