@@ -481,4 +481,7 @@ def train(config, workdir: str, *, progress: bool = True) -> dict:
   with contextlib.ExitStack() as cleanup:
     _open(run, cleanup)
     _restore(run)
+    # built before the first step: a setting they refuse (an eval length longer than
+    # model.max_seq_len) is said now, not after eval_every steps of training
+    run.eval_batches = run.task.eval_batches(config)
     return _steps(run, cleanup, progress)

@@ -70,6 +70,19 @@ def test_a_vocabulary_larger_than_the_model_is_named(tmp_path):
     loop.train(config, str(tmp_path / "wd"), progress=False)
 
 
+def test_eval_lengths_too_long_for_the_model_are_named_before_the_first_step(tmp_path):
+  """The evaluated graphs are built before training: lengths whose examples exceed
+  model.max_seq_len are one error naming the field, and no step has been spent."""
+  wd = tmp_path / "wd"
+  config = config_file("pathfinding", "tiny", **{"data.pf_eval_lengths": "3,16",
+                                                 "model.vocab_size": 256})
+  with pytest.raises(ValueError, match=r"data\.pf_eval_lengths='3,16' is invalid: allowed "
+                                       r"lengths whose examples fit model\.max_seq_len=128 "
+                                       r"\(the longest needs \d+\)"):
+    loop.train(config, str(wd), progress=False)
+  assert not (wd / "metrics.jsonl").exists() or read_metrics(str(wd)) == []
+
+
 def test_training_examples_respect_the_token_limit():
   config = config_file("pathfinding", "tiny")
   src = tasks.get_task(config).train_source(config, 64)
