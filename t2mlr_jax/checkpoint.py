@@ -34,6 +34,7 @@ held when saving (`array_checksums`).
 from __future__ import annotations
 
 import json
+import logging as std_logging  # the stdlib logger asyncio reports through (absl's is `logging`)
 import os
 import re
 import sys
@@ -171,6 +172,10 @@ def quiet_failed_reads() -> None:
       return
     previous_excepthook(exc_type, value, traceback)
   sys.excepthook = excepthook
+  # a read task whose exception nobody retrieved is reported by asyncio's logger
+  asyncio_logger = std_logging.getLogger("asyncio")
+  asyncio_logger.addFilter(
+      lambda record: not (record.exc_info and is_read_noise(record.exc_info[1])))
 
 
 def read_failure(error: BaseException) -> str:
