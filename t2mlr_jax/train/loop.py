@@ -400,8 +400,6 @@ def _log(run: _Run, step: int, window: list, window_start: float, step_flops, ba
 def _evaluate(run: _Run, step: int) -> None:
   """The task's evaluation (exact, and the other modes) at `step`: logged and said."""
   config, task, cfg, params = run.config, run.task, run.cfg, run.state.params
-  if run.eval_batches is None:
-    run.eval_batches = task.eval_batches(config)
   results = tasks_lib.run_eval(task, config, params, cfg, run.eval_batches, mesh=run.mesh)
   # the same batches with zero memory (what the recurrence adds) and, for language
   # modelling, in the training mode too: the modes but exact (the last), done above
