@@ -31,7 +31,14 @@ step, Jacobi 16/4, every token recurrent, gate init 0.5 with gain 1e-2):
 Sized for one H100 (python -m t2mlr_jax.compile --config=configs/pathfinding.py:release_qwen
 --config.model.init_from=qwen2.5-0.5b --topology=h100-1: 54.5 of 58.7 GiB).
 
-Variants: default, transformer, all_layers, lrt, release_smollm2, release_qwen, tiny.
+The `short` setting, the smallest where the transformer begins to solve graphs on 2 cores:
+backbones of 3-4 edges, one lane (graphs of at most 64 tokens), 2000 steps, evaluated on 3-6
+edges; each arm prefixed (`short`, `short_transformer`, `short_all_layers`, `short_lrt`):
+
+    python -m t2mlr_jax.main --config=configs/pathfinding.py:short_transformer
+
+Variants: default, transformer, all_layers, lrt, each with a `short_` setting (`short` for
+T2MLR), release_smollm2, release_qwen, tiny.
 """
 
 from t2mlr_jax.train.config import base_config, recurrence_config, schedule_options_config
@@ -54,6 +61,32 @@ def _from_scratch(c, arm: str) -> None:
   c.train.update(num_steps=1000, batch_size=32, seq_len=224, eval_every=250,
                  checkpoint_every=250, log_every=50)
   set_arm(c, arm, transformer_d_ff=544, lrt_d_ff=376)
+
+
+def _short(c) -> None:
+  """Backbones of 3-4 edges and one lane: the transformer solves some 3-edge graphs by step
+  1000 (docs/experiments.md#multi-hop-reasoning-at-cpu-scale)."""
+  c.data.update(pf_path_min=3, pf_path_max=4, pf_lanes=1, pf_max_tokens=64,
+                pf_eval_lengths="3,4,5,6")
+  c.model.max_seq_len = 160
+  c.train.update(num_steps=2000, seq_len=64)
+
+
+# a setting's arms are its name + "_" + the arm (its T2MLR arm: the name alone)
+SETTINGS = {"": None, "short": _short}
+
+
+def split_variant(variant: str, settings=SETTINGS, arms=ARMS):
+  """(setting, arm) of a from-scratch variant (`short_lrt` -> ('short', 'lrt')), or None."""
+  for setting in settings:
+    if not setting:
+      if variant in arms:
+        return "", variant
+    elif variant == setting or variant.startswith(setting + "_"):
+      arm = variant[len(setting) + 1:]
+      if arm in arms:
+        return setting, arm
+  return None
 
 
 def set_arm(c, arm: str, *, transformer_d_ff: int, lrt_d_ff: int) -> None:
@@ -92,8 +125,11 @@ def _release(c, l_start: int) -> None:
 def get_config(variant: str = ""):
   c = base_config()
   c.name = "pathfinding" + (f"_{variant}" if variant else "")
-  if variant in ARMS:
-    _from_scratch(c, variant)
+  if split_variant(variant):
+    setting, arm = split_variant(variant)
+    _from_scratch(c, arm)
+    if SETTINGS[setting]:
+      SETTINGS[setting](c)
   elif variant in RELEASE:
     _release(c, RELEASE[variant])
   elif variant == "tiny":
@@ -108,6 +144,6 @@ def get_config(variant: str = ""):
     c.train.update(num_steps=3, batch_size=8, seq_len=96, eval_every=3, checkpoint_every=3,
                    log_every=1, async_checkpointing=False)
   else:
-    raise ValueError(f"unknown variant {variant!r}: allowed {list(ARMS) + list(RELEASE)} "
-                     "or 'tiny'")
+    raise ValueError(f"unknown variant {variant!r}: allowed {list(ARMS)}, the same with "
+                     f"'short_' before ('short' alone for T2MLR), {list(RELEASE)} or 'tiny'")
   return c

@@ -139,13 +139,17 @@ def score_heads(heads, feats) -> dict:
 
 
 def probe(workdir: str, *, num_heads: int = 4, head_layers: int = 1, steps: int = 500,
-          train_batches: int = 16, lr: float = 3e-3, seed: int = 0, mode: str = "exact") -> dict:
-  """The probe of one training run's latest checkpoint on its own task's data."""
+          train_batches: int = 16, lr: float = 3e-3, seed: int = 0, mode: str = "exact",
+          step=None) -> dict:
+  """The probe of one training run's checkpoint (`step`, the latest by default) on its own
+  task's data."""
   from t2mlr_jax import checkpoint
   from t2mlr_jax.data import pipeline
   from t2mlr_jax.train import tasks
   config = checkpoint.load_config(workdir)
-  cfg, params = checkpoint.load(workdir)[:2]
+  if step is None and not checkpoint.is_export(workdir):
+    step = max(checkpoint.saved_steps(workdir), default=None)
+  cfg, params = checkpoint.load(workdir, step)[:2]
   task = tasks.get_task(config)
   batch = config.train.batch_size
   src = task.train_source(config, batch * train_batches)
@@ -156,7 +160,7 @@ def probe(workdir: str, *, num_heads: int = 4, head_layers: int = 1, steps: int 
   heads = train_heads(features(params, cfg, train, mode), cfg.vocab_size, num_heads=num_heads,
                       head_layers=head_layers, steps=steps, lr=lr, seed=seed)
   held_out = features(params, cfg, task.eval_batches(config), mode)
-  return {"workdir": workdir, "task": config.data.task, "params": cfg.num_params(),
+  return {"workdir": workdir, "step": step, "task": config.data.task, "params": cfg.num_params(),
           "recurrence": config.model.recurrence.get("type"),
           "heads": num_heads, "head_layers": head_layers, "steps": steps,
           "train_examples": len(examples), "mode": mode, "offsets": score_heads(heads, held_out),
@@ -182,6 +186,8 @@ def table(results: dict) -> str:
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--workdir", help="a training run (its latest checkpoint is probed)")
+  p.add_argument("--step", type=int, default=None,
+                 help="the checkpoint's step (the latest: unset), to probe runs at one budget")
   p.add_argument("--name", help="the record's name (default: the workdir's basename)")
   p.add_argument("--heads", type=int, default=4, help="offsets 2..heads+1")
   p.add_argument("--head_layers", type=int, default=1, choices=(1, 2))
@@ -200,7 +206,8 @@ def main(argv=None):
   if args.heads < 1:
     p.error(f"--heads={args.heads} is invalid: allowed integers >= 1")
   record = probe(args.workdir, num_heads=args.heads, head_layers=args.head_layers,
-                 steps=args.steps, train_batches=args.train_batches, lr=args.lr, seed=args.seed)
+                 steps=args.steps, train_batches=args.train_batches, lr=args.lr, seed=args.seed,
+                 step=args.step)
   results = bc.read_json(args.out, default={"runs": {}})
   results["runs"][args.name or os.path.basename(os.path.normpath(args.workdir))] = record
   bc.write_json(args.out, results)

@@ -5,11 +5,12 @@ trained sizes and of larger ones.
 
     python experiments/reasoning_table.py --tasks=pathfinding --arms=t2mlr,transformer --seeds=0
     python experiments/reasoning_table.py --tasks=prosqa --steps=1500     # a shorter budget
+    python experiments/reasoning_table.py --tasks=pathfinding --setting=short   # 3-4 edges
     python experiments/reasoning_table.py --table
 
-Each run is the config's variant with train.seed (and train.num_steps with --steps)
-changed, nothing else. Results accumulate in experiments/results/reasoning_table.json, one
-record per (task, arm, steps, seed), written after every run; a recorded run is skipped and
+Each run is the config's variant (its arm, in a --setting the config names) with train.seed
+(and train.num_steps with --steps) changed, nothing else. Results accumulate in
+experiments/results/reasoning_table.json, one record per (task, setting, arm, steps, seed), written after every run; a recorded run is skipped and
 one stopped half-way resumes from its workdir (under --workroot).
 """
 
@@ -38,8 +39,18 @@ BY_SIZE = {"pathfinding": ("seq_acc_by_length",),
                       "path_valid_acc_by_concepts")}
 
 
-def build_config(task: str, arm: str, seed: int, steps=None):
-  config = importlib.import_module(task).get_config(ARMS[arm])
+def variant(setting: str, arm: str) -> str:
+  """The config variant of an arm in a setting ('short' + 'transformer': 'short_transformer')."""
+  return "_".join(v for v in (setting, ARMS[arm]) if v)
+
+
+def settings(task: str) -> tuple:
+  """The settings a task's config names ('' the default one)."""
+  return tuple(getattr(importlib.import_module(task), "SETTINGS", ("",)))
+
+
+def build_config(task: str, arm: str, seed: int, steps=None, setting: str = ""):
+  config = importlib.import_module(task).get_config(variant(setting, arm))
   config.train.seed = seed
   if steps:
     config.train.num_steps = steps
@@ -48,59 +59,59 @@ def build_config(task: str, arm: str, seed: int, steps=None):
   return config
 
 
-def key(task: str, arm: str, seed: int, steps) -> str:
-  return f"{task}/{arm}/steps{steps or 'default'}/seed{seed}"
+def key(task: str, arm: str, seed: int, steps, setting: str = "") -> str:
+  return f"{task}{'_' + setting if setting else ''}/{arm}/steps{steps or 'default'}/seed{seed}"
 
 
-def command(task: str, arm: str, seed: int, steps) -> str:
-  variant = f":{ARMS[arm]}" if ARMS[arm] else ""
+def command(task: str, arm: str, seed: int, steps, setting: str = "") -> str:
+  name = variant(setting, arm)
   extra = f" --config.train.num_steps={steps}" if steps else ""
-  return (f"python -m t2mlr_jax.main --config=configs/{task}.py{variant} "
+  return (f"python -m t2mlr_jax.main --config=configs/{task}.py{':' + name if name else ''} "
           f"--config.train.seed={seed}{extra}")
 
 
-def run_one(task: str, arm: str, seed: int, steps, workroot: str) -> dict:
+def run_one(task: str, arm: str, seed: int, steps, workroot: str, setting: str = "") -> dict:
   """Train (or resume) one run and read its record from the workdir's evaluations."""
   import jax
 
   from t2mlr_jax.train import config as config_lib
   from t2mlr_jax.train.loop import train
   from t2mlr_jax.train.metrics import read_metrics
-  config = build_config(task, arm, seed, steps)
-  workdir = os.path.join(workroot, key(task, arm, seed, steps).replace("/", "_"))
+  config = build_config(task, arm, seed, steps, setting)
+  workdir = os.path.join(workroot, key(task, arm, seed, steps, setting).replace("/", "_"))
   started = time.time()
   train(config, workdir, progress=False)
   wall = time.time() - started
   evals = read_metrics(workdir, "eval")
   if not evals or evals[-1]["step"] != config.train.num_steps:
-    raise SystemExit(f"{key(task, arm, seed, steps)} stopped early: rerun to resume")
+    raise SystemExit(f"{key(task, arm, seed, steps, setting)} stopped early: rerun to resume")
   final = evals[-1]
   cfg = config_lib.model_config(config)
   jax.clear_caches()
   metrics = ("seq_acc", "answer_acc", "path_valid_acc") + BY_SIZE[task]
-  return {"task": task, "arm": arm, "seed": seed, "steps": config.train.num_steps,
+  return {"task": task, "setting": setting, "arm": arm, "seed": seed, "steps": config.train.num_steps,
           "params": cfg.num_params(), "train_mode": config_lib.train_mode(config, cfg),
           **{k: final[k] for k in metrics if k in final},
           "curve": [{k: r[k] for k in ("step", "seq_acc", "answer_acc") if k in r}
                     for r in evals],
           "wall_s": round(wall, 1), "commit": git_commit(),
           "machine": machine_info().get("cpu_model", ""), "date": time.strftime("%Y-%m-%d"),
-          "command": command(task, arm, seed, steps)}
+          "command": command(task, arm, seed, steps, setting)}
 
 
 def table() -> str:
-  """Per task: one row per run, its accuracy per evaluated size."""
+  """Per task and setting: one row per run, its accuracy per evaluated size."""
   runs = read_json(RESULTS, default=EMPTY)["runs"]
   if not runs:
     return "(no runs recorded yet)"
   out = []
-  for task in TASKS:
-    rows = [r for r in runs.values() if r["task"] == task]
-    if not rows:
-      continue
+  groups = sorted({(r["task"], r.get("setting", "")) for r in runs.values()},
+                  key=lambda g: (TASKS.index(g[0]), g[1]))
+  for task, setting in groups:
+    rows = [r for r in runs.values() if (r["task"], r.get("setting", "")) == (task, setting)]
     for metric in BY_SIZE[task]:
       sizes = sorted({n for r in rows for n in r.get(metric, {})}, key=int)
-      out += [f"{task}: {metric}", "",
+      out += [f"{task}{', setting ' + setting if setting else ''}: {metric}", "",
               "| arm | params | steps | seed | " + " | ".join(sizes) + " | wall |",
               "|---|---|---|---|" + "---|" * len(sizes) + "---|"]
       for r in sorted(rows, key=lambda r: (list(ARMS).index(r["arm"]), r["steps"], r["seed"])):
@@ -117,6 +128,8 @@ def main(argv=None):
   p.add_argument("--arms", default=",".join(ARMS))
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--steps", type=int, default=None, help="train.num_steps (config's: unset)")
+  p.add_argument("--setting", default="", help="a setting the task's config names "
+                 "(pathfinding: short); the config's default: unset")
   p.add_argument("--workroot", default=os.path.join(ROOT, "workdirs", "reasoning_table"))
   p.add_argument("--table", action="store_true", help="print the recorded table and exit")
   args = p.parse_args(argv)
@@ -129,13 +142,16 @@ def main(argv=None):
         if task not in TASKS or arm not in ARMS:
           raise SystemExit(f"--tasks/--arms: {task}/{arm} is invalid: allowed tasks "
                            f"{TASKS} and arms {list(ARMS)}")
-        name = key(task, arm, seed, args.steps)
+        if args.setting not in settings(task):
+          raise SystemExit(f"--setting={args.setting!r} is invalid for {task}: allowed "
+                           f"{list(settings(task))}")
+        name = key(task, arm, seed, args.steps, args.setting)
         results = read_json(RESULTS, default=EMPTY)
         if name in results["runs"]:
           print(f"{name}: recorded, skipped")
           continue
-        print(f"{name}: {command(task, arm, seed, args.steps)}", flush=True)
-        record = run_one(task, arm, seed, args.steps, args.workroot)
+        print(f"{name}: {command(task, arm, seed, args.steps, args.setting)}", flush=True)
+        record = run_one(task, arm, seed, args.steps, args.workroot, args.setting)
         results = read_json(RESULTS, default=EMPTY)     # another process may have written
         results["runs"][name] = record
         write_json(RESULTS, results)

@@ -44,6 +44,9 @@ def test_a_run_is_probed_per_offset_and_tabled(tmp_path):
   loop.train(config_file("s5_retrieval", "tiny"), wd, progress=False)
   record = probe.probe(wd, num_heads=3, head_layers=2, steps=10, train_batches=2)
   assert sorted(record["offsets"]) == ["2", "3", "4"] and record["task"] == "s5_retrieval"
+  assert record["step"] == config_file("s5_retrieval", "tiny").train.num_steps
+  with pytest.raises(ValueError, match="step=1 is not saved"):
+    probe.probe(wd, num_heads=1, steps=1, train_batches=1, step=1)
   assert all(0.0 <= r["acc"] <= 1.0 and r["tokens"] > 0 for r in record["offsets"].values())
   text = probe.table({"runs": {"t2mlr": record}})
   assert text.splitlines()[0].startswith("| run | task | params | t+2 acc (loss)")

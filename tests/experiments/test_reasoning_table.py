@@ -20,13 +20,31 @@ def test_the_arms_are_the_configs_variants_with_seed_and_budget_changed():
       "python -m t2mlr_jax.main --config=configs/pathfinding.py --config.train.seed=1")
 
 
+def test_a_setting_is_the_configs_variant_prefix_and_keys_its_records():
+  """`--setting=short`: each arm is the config's `short_` variant (T2MLR's `short`); its
+  records are keyed apart; a task whose config names no such setting is refused."""
+  table = load_file("experiments", "reasoning_table.py")
+  c = table.build_config("pathfinding", "transformer", 1, setting="short")
+  assert (c.name, c.data.pf_path_max, c.data.pf_lanes, c.model.recurrence.type) == (
+      "pathfinding_short_transformer", 4, 1, "none")
+  t2mlr = table.build_config("pathfinding", "t2mlr", 1, setting="short")
+  assert (t2mlr.name, t2mlr.model.recurrence.type) == ("pathfinding_short", "t2mlr")
+  assert table.command("pathfinding", "lrt", 2, None, "short") == (
+      "python -m t2mlr_jax.main --config=configs/pathfinding.py:short_lrt "
+      "--config.train.seed=2")
+  assert table.key("pathfinding", "lrt", 2, None, "short") == (
+      "pathfinding_short/lrt/stepsdefault/seed2")
+  with pytest.raises(SystemExit, match=r"--setting='short' is invalid for prosqa: allowed \[''\]"):
+    table.main(["--tasks=prosqa", "--setting=short"])
+
+
 @pytest.mark.slow       # 9 s: trains configs/pathfinding.py:tiny
 def test_a_run_is_recorded_then_skipped_and_tabled(tmp_path, monkeypatch, capsys):
   table = load_file("experiments", "reasoning_table.py")
   results = tmp_path / "reasoning_table.json"
   monkeypatch.setattr(table, "RESULTS", str(results))
   monkeypatch.setattr(table, "build_config",      # the tiny variant, the script's overrides
-                      lambda task, arm, seed, steps=None: _tiny(task, seed, steps))
+                      lambda task, arm, seed, steps=None, setting="": _tiny(task, seed, steps))
   argv = ["--tasks=pathfinding", "--arms=t2mlr", "--seeds=0", "--steps=2",
           f"--workroot={tmp_path / 'runs'}"]
   table.main(argv)

@@ -171,6 +171,7 @@ def test_a_checkpoint_written_with_the_options_in_the_recurrence_resumes(referen
   _assert_same_params(_params(wd), _params(reference))
 
 
+@pytest.mark.slow       # three runs; test_step checks the leaf at every step by default
 def test_the_recurrent_weight_curriculum_trains_resumes_bit_identically_and_decodes(tmp_path):
   """The release's curriculum from the config (a fixed recurrent gate, linear from 0.2 to
   0.8 over half the run): stopped and resumed, the run equals the uninterrupted one; the
