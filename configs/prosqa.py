@@ -6,8 +6,9 @@ graph of more than 160 tokens is drawn again); the prompt non-recurrent and the 
 `### answer` recurrent, as the release trains it; evaluated on held-out graphs of 10
 concepts and of 14 (larger) by teacher-forced exact match, and in exact mode by the
 answers and chains the model writes itself (answer_acc, path_valid_acc). 1500 steps of 32
-graphs: about 55 minutes on 2 cores for T2MLR (2.2 s a step; all_layers sweeps every
-layer, about 2.3x that). Arms, parameter-matched (1.69-1.70M; the transformer's and LRT's
+graphs on 2 cores: T2MLR 2.2-3.9 s a step (55-100 minutes; the slower on this machine in
+December 2026), the transformer 1.6 s (40 minutes); all_layers sweeps every layer, about
+2.3x T2MLR. Arms, parameter-matched (1.69-1.70M; the transformer's and LRT's
 MLPs absorb the difference):
 
     python -m t2mlr_jax.main --config=configs/prosqa.py                # T2MLR, layers 2-3
