@@ -76,15 +76,11 @@ def _short(c) -> None:
 SETTINGS = {"": None, "short": _short}
 
 
-def split_variant(variant: str, settings=SETTINGS, arms=ARMS):
+def split_variant(variant: str):
   """(setting, arm) of a from-scratch variant (`short_lrt` -> ('short', 'lrt')), or None."""
-  for setting in settings:
-    if not setting:
-      if variant in arms:
-        return "", variant
-    elif variant == setting or variant.startswith(setting + "_"):
-      arm = variant[len(setting) + 1:]
-      if arm in arms:
+  for setting in SETTINGS:
+    for arm in ARMS:
+      if variant == "_".join(v for v in (setting, arm) if v):
         return setting, arm
   return None
 
@@ -125,8 +121,8 @@ def _release(c, l_start: int) -> None:
 def get_config(variant: str = ""):
   c = base_config()
   c.name = "pathfinding" + (f"_{variant}" if variant else "")
-  if split_variant(variant):
-    setting, arm = split_variant(variant)
+  if parsed := split_variant(variant):
+    setting, arm = parsed
     _from_scratch(c, arm)
     if SETTINGS[setting]:
       SETTINGS[setting](c)

@@ -10,8 +10,9 @@ trained sizes and of larger ones.
 
 Each run is the config's variant (its arm, in a --setting the config names) with train.seed
 (and train.num_steps with --steps) changed, nothing else. Results accumulate in
-experiments/results/reasoning_table.json, one record per (task, setting, arm, steps, seed), written after every run; a recorded run is skipped and
-one stopped half-way resumes from its workdir (under --workroot).
+experiments/results/reasoning_table.json, one record per (task, setting, arm, steps, seed),
+written after every run; a recorded run is skipped and one stopped half-way resumes from
+its workdir (under --workroot).
 """
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ def run_one(task: str, arm: str, seed: int, steps, workroot: str, setting: str =
   cfg = config_lib.model_config(config)
   jax.clear_caches()
   metrics = ("seq_acc", "answer_acc", "path_valid_acc") + BY_SIZE[task]
-  return {"task": task, "setting": setting, "arm": arm, "seed": seed, "steps": config.train.num_steps,
-          "params": cfg.num_params(), "train_mode": config_lib.train_mode(config, cfg),
+  return {"task": task, "setting": setting, "arm": arm, "seed": seed,
+          "steps": config.train.num_steps, "params": cfg.num_params(), "train_mode": config_lib.train_mode(config, cfg),
           **{k: final[k] for k in metrics if k in final},
           "curve": [{k: r[k] for k in ("step", "seq_acc", "answer_acc") if k in r}
                     for r in evals],
