@@ -10,6 +10,7 @@ without saving, so the last good checkpoint stays the latest. `train` is four st
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -411,6 +412,12 @@ def _evaluate(run: _Run, step: int) -> None:
       f" | {mode}: {_summary(v)}" for mode, v in results.items() if isinstance(v, dict)))
 
 
+# Steps the loop may dispatch ahead of the device. Unbounded, JAX's async dispatch let it run
+# tens of steps ahead (25 on a 4-second step), so a stop signal's save came that much later,
+# and on a mesh of 8 CPU devices a slow device made the dispatch abort the process.
+MAX_STEPS_IN_FLIGHT = 8
+
+
 def _steps(run: _Run, cleanup: contextlib.ExitStack, progress: bool) -> dict:
   """The step loop to `train.stop_after_steps` (or the end, or a stop signal): logs,
   evaluations and checkpoints at their cadences; returns the last logged metrics."""
@@ -431,7 +438,7 @@ def _steps(run: _Run, cleanup: contextlib.ExitStack, progress: bool) -> dict:
   stop_at = t.num_steps if t.stop_after_steps is None else t.stop_after_steps
   bar = cleanup.enter_context(contextlib.closing(
       Progress(t.num_steps, step, enabled=progress and run.is_main)))
-  window, last = [], {}
+  window, last, in_flight = [], {}, collections.deque()
   window_start = time.perf_counter()
   if step < stop_at:
     _say(f"compiling the {what} (tens of seconds on a CPU); the first log "
@@ -446,6 +453,9 @@ def _steps(run: _Run, cleanup: contextlib.ExitStack, progress: bool) -> dict:
         _say(f"compiled: the first step took {time.perf_counter() - window_start:.0f} s")
         bar.compiled()
       window.append(metrics)
+      in_flight.append(metrics)
+      if len(in_flight) > MAX_STEPS_IN_FLIGHT:
+        jax.block_until_ready(in_flight.popleft())
       # every process stops at the same step, whichever received the signal
       stopping = distributed.any_process(stop.received is not None)
       if step % t.log_every == 0 or step == stop_at or stopping:

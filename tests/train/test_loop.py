@@ -10,6 +10,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -225,6 +226,35 @@ def test_a_log_window_shorter_than_log_every_says_which_steps_it_averages(
   for r in read_metrics(wd):
     assert r["steps_per_sec"] <= r["loss_window"] / 0.2, r
     assert r["tokens_per_sec"] == pytest.approx(r["steps_per_sec"] * 8 * 48)
+
+
+def test_the_loop_runs_at_most_a_few_steps_ahead_of_the_device(tmp_path, monkeypatch):
+  """JAX dispatches asynchronously: unbounded, the loop ran tens of steps ahead of a slow
+  device, and a stop signal's save waited for all of them."""
+  ticks, pending = [], []
+
+  @jax.jit
+  def tick(loss):                   # tens of milliseconds of device work after each step
+    x = jnp.full((384, 384), loss * 1e-3)
+    return jax.lax.fori_loop(0, 12, lambda i, x: jnp.tanh(x @ x), x)[0, 0]
+
+  real = loop.make_train_step
+
+  def make(*args, **kwargs):
+    step = real(*args, **kwargs)
+
+    def slowed(state, batch):
+      state, metrics = step(state, batch)
+      pending.append(sum(not t.is_ready() for t in ticks))   # steps the device owes
+      ticks.append(tick(metrics["loss"]))
+      return state, {**metrics, "tick": ticks[-1]}
+    return slowed
+
+  monkeypatch.setattr(loop, "make_train_step", make)
+  loop.train(tiny_config(num_steps=40, log_every=40, eval_every=40, checkpoint_every=40),
+             str(tmp_path), progress=False)
+  assert len(ticks) == 40
+  assert max(pending) <= loop.MAX_STEPS_IN_FLIGHT, pending
 
 
 @pytest.mark.slow       # a full run; the stop_after_steps resume runs by default
