@@ -3,8 +3,8 @@
 `tests/fixtures/default_job_losses.json` holds the losses of steps 1..50 of
 `python -m t2mlr_jax.main --config=configs/s5_retrieval.py` (run as a user runs it: one
 CPU device, the environment's XLA flags without the test suite's). `.ci/run`'s last step
-compares the full default job's first logged mean loss (steps 1-50) with their mean
-(`experiments/s5_default_job.py --check_readme`), within `RTOL`, a tolerance that holds
+compares the default job's first logged mean loss (steps 1-50) with their mean
+(`experiments/s5_default_job.py --check`), within `RTOL`, a tolerance that holds
 across x86 CPUs (XLA:CPU compiles for the host's vector units, so the last digits differ
 between machines) but not across a change to the model's numerics or to the data stream
 (see the fixture's `margins`).
