@@ -87,6 +87,10 @@ def run_one(task: str, arm: str, seed: int, steps, workroot: str, setting: str =
   if not evals or evals[-1]["step"] != config.train.num_steps:
     raise SystemExit(f"{key(task, arm, seed, steps, setting)} stopped early: rerun to resume")
   final = evals[-1]
+  # the steps' own time over every stretch of a resumed run (this process's wall time counts
+  # only the last stretch); compiles and evaluations excluded
+  train_s = sum(r["loss_window"] / r["steps_per_sec"] for r in read_metrics(workdir)
+                if r.get("steps_per_sec"))
   cfg = config_lib.model_config(config)
   jax.clear_caches()
   metrics = ("seq_acc", "answer_acc", "path_valid_acc") + BY_SIZE[task]
@@ -95,7 +99,7 @@ def run_one(task: str, arm: str, seed: int, steps, workroot: str, setting: str =
           **{k: final[k] for k in metrics if k in final},
           "curve": [{k: r[k] for k in ("step", "seq_acc", "answer_acc") if k in r}
                     for r in evals],
-          "wall_s": round(wall, 1), "commit": git_commit(),
+          "wall_s": round(wall, 1), "train_s": round(train_s, 1), "commit": git_commit(),
           "machine": machine_info().get("cpu_model", ""), "date": time.strftime("%Y-%m-%d"),
           "command": command(task, arm, seed, steps, setting)}
 
@@ -113,12 +117,12 @@ def table() -> str:
     for metric in BY_SIZE[task]:
       sizes = sorted({n for r in rows for n in r.get(metric, {})}, key=int)
       out += [f"{task}{', setting ' + setting if setting else ''}: {metric}", "",
-              "| arm | params | steps | seed | " + " | ".join(sizes) + " | wall |",
+              "| arm | params | steps | seed | " + " | ".join(sizes) + " | train time |",
               "|---|---|---|---|" + "---|" * len(sizes) + "---|"]
       for r in sorted(rows, key=lambda r: (list(ARMS).index(r["arm"]), r["steps"], r["seed"])):
         accs = " | ".join(f"{r.get(metric, {}).get(n, float('nan')):.2f}" for n in sizes)
         out.append(f"| {r['arm']} | {r['params'] / 1e6:.2f}M | {r['steps']} | {r['seed']} | "
-                   f"{accs} | {r['wall_s'] / 60:.0f} min |")
+                   f"{accs} | {r.get('train_s', r['wall_s']) / 60:.0f} min |")
       out.append("")
   return "\n".join(out)
 

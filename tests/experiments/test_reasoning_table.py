@@ -52,9 +52,10 @@ def test_a_run_is_recorded_then_skipped_and_tabled(tmp_path, monkeypatch, capsys
   (name, record), = runs.items()
   assert name == "pathfinding/t2mlr/steps2/seed0" and record["steps"] == 2
   assert set(record["seq_acc_by_length"]) == {"3", "4"} and record["params"] > 0
+  assert 0 < record["train_s"] < record["wall_s"]     # the steps alone, every stretch
   table.main(argv)
   out = capsys.readouterr().out
-  assert "recorded, skipped" in out and "| t2mlr |" in out and "| 3 | 4 |" in out
+  assert "recorded, skipped" in out and "| t2mlr |" in out and "| 3 | 4 | train time |" in out
 
 
 def _tiny(task, seed, steps):
