@@ -10,8 +10,8 @@ its last step) and its first 50 steps against the committed losses
     python experiments/s5_default_job.py --name=lrt --config=configs/s5_retrieval_lrt.py \\
         --workdir=workdirs/s5_lrt
     python experiments/s5_default_job.py --check --workdir=workdirs/s5
-    python -m t2mlr_jax.main --config=configs/s5_retrieval.py --workdir=workdirs/ci \
-        --config.train.stop_after_steps=3000      # CI's: half the job, then
+    python -m t2mlr_jax.main --config=configs/s5_retrieval.py --workdir=workdirs/ci \\
+        --config.train.stop_after_steps=3000      # .ci/run's: half the job, then
     python experiments/s5_default_job.py --check --workdir=workdirs/ci
 
 Runs already in the JSON under other names are kept.
