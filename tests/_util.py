@@ -108,6 +108,7 @@ def load_file(*relpath):
   path = os.path.join(REPO_ROOT, *relpath)
   spec = importlib.util.spec_from_file_location(os.path.splitext(relpath[-1])[0], path)
   module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module     # as an import does (dataclasses look their module up)
   spec.loader.exec_module(module)
   return module
 

@@ -1,5 +1,5 @@
-"""Downstream benchmarks with the exact recurrence: GSM8K and MATH500 by batched greedy
-generation, zero-shot multiple choice (ARC, HellaSwag, PIQA) by log-likelihood.
+"""Downstream benchmarks with the exact recurrence: GSM8K, MATH500, HotpotQA and ProsQA by
+batched greedy generation, zero-shot multiple choice (ARC, HellaSwag, PIQA) by log-likelihood.
 
 Prompts are batched longest-first and left-padded to a multiple of `bucket`
 tokens, so the compiled generate/forward are reused across batches.
@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t2mlr_jax.data import hotpotqa as hotpotqa_data, multiple_choice as mc, sft
+from t2mlr_jax.data import hotpotqa as hotpotqa_data, multiple_choice as mc, prosqa, sft
 from t2mlr_jax.eval import answers, hotpotqa
 from t2mlr_jax.losses import token_nll
 from t2mlr_jax.model.decode import generate
 from t2mlr_jax.model.modes import forward
 
-GENERATION_TASKS = ("gsm8k", "math500", "hotpotqa")
+GENERATION_TASKS = ("gsm8k", "math500", "hotpotqa", "prosqa")
 MC_TASKS = tuple(mc.TASK_READERS)
 
 
@@ -65,15 +65,18 @@ def generate_texts(params, cfg, tokenizer, prompts: Sequence[str], *, max_new_to
 
 def evaluate_generation(task: str, params, cfg, tokenizer, records: Sequence[dict], *,
                         chat: bool = False, **gen_kwargs) -> tuple[dict, list[dict]]:
-  """(summary, per-example predictions) for gsm8k or math500 records.
+  """(summary, per-example predictions) for gsm8k, math500, hotpotqa or prosqa records.
 
   gsm8k records: {question, answer} (answer: the number, or a GSM8K solution
-  ending in '#### N'); math500 records: {problem, answer}.
+  ending in '#### N'); math500 records: {problem, answer}; prosqa records: {question,
+  answer} as data.prosqa writes them (Coconut's files).
   """
   if task not in GENERATION_TASKS:
     raise ValueError(f"task={task!r} is invalid: allowed {GENERATION_TASKS}")
   if task == "hotpotqa":
     return _evaluate_hotpotqa(params, cfg, tokenizer, records, chat=chat, **gen_kwargs)
+  if task == "prosqa":
+    return _evaluate_prosqa(params, cfg, tokenizer, records, chat=chat, **gen_kwargs)
   prompts = []
   for n, r in enumerate(records):
     question = r.get("question") if task == "gsm8k" else r.get("problem")
@@ -120,6 +123,25 @@ def _evaluate_hotpotqa(params, cfg, tokenizer, records, *, chat=False, **gen_kwa
     predictions.append({"id": r["_id"], "prompt": prompt, "completion": text,
                         "prediction": pred, "gold": r["answer"], **scores})
   return {"task": "hotpotqa", **metrics.result()}, predictions
+
+
+def _evaluate_prosqa(params, cfg, tokenizer, records, *, chat=False, **gen_kwargs):
+  """ProsQA records prompted as they are trained (the GSM8K-Aug layout: question, then the
+  chain and `### <entity> is a <concept>.`), scored by data.prosqa.score_response: the
+  answer line (answer_acc) and the chain walked through the question's facts
+  (path_valid_acc)."""
+  prompts = [sft.prompt_and_response({"question": r["question"], "answer": ""}, "gsm8k_aug",
+                                     tokenizer, chat)[0] for r in records]
+  texts = generate_texts(params, cfg, tokenizer, prompts, **gen_kwargs)
+  predictions, right, valid = [], 0, 0
+  for r, prompt, text in zip(records, prompts, texts):
+    scores = prosqa.score_response(r, text)
+    right += int(scores["answer_correct"])
+    valid += int(scores["path_valid"])
+    predictions.append({"prompt": prompt, "completion": text, "gold": r["answer"], **scores})
+  n = max(len(records), 1)
+  return ({"task": "prosqa", "num_examples": len(records), "answer_acc": right / n,
+           "path_valid_acc": valid / n}, predictions)
 
 
 def sequence_logliks(params, cfg, requests: Sequence[tuple[list[int], list[int]]], *,

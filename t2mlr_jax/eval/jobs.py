@@ -8,7 +8,7 @@ import json
 import os
 
 from t2mlr_jax.convert import loading
-from t2mlr_jax.data import hotpotqa, lm, multiple_choice as mc, sft
+from t2mlr_jax.data import hotpotqa, lm, multiple_choice as mc, prosqa, sft
 from t2mlr_jax.data.pipeline import stack_batches
 from t2mlr_jax.eval import downstream, runner
 from t2mlr_jax.eval.bpb import evaluate_bpb
@@ -75,8 +75,12 @@ def evaluate_downstream(task, data, model, tokenizer_dir=None, *, limit=None, ch
                                                         field="--model", own=own)
   tokenizer = found.tokenizer
   if task in downstream.GENERATION_TASKS:
-    records = (hotpotqa.read_hotpotqa(data, limit) if task == "hotpotqa"   # its JSON list
-               else sft.read_records(data)[:limit])   # JSONL or tfds:NAME:SPLIT
+    if task == "hotpotqa":
+      records = hotpotqa.read_hotpotqa(data, limit)     # its JSON list
+    elif task == "prosqa":
+      records = prosqa.read_prosqa(data)[:limit]        # Coconut's JSON list, or JSONL
+    else:
+      records = sft.read_records(data)[:limit]          # JSONL or tfds:NAME:SPLIT
     return downstream.evaluate_generation(
         task, params, cfg, tokenizer, records, chat=chat, max_new_tokens=max_new_tokens,
         batch_size=batch_size, prompt_control_flow=prompt_control_flow, add_bos=add_bos)

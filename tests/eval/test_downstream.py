@@ -1,5 +1,7 @@
 """Downstream evaluation: log-likelihood multiple choice and generation accounting."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from t2mlr_jax import ModelConfig, T2MLRConfig, init_params  # noqa: E402
+from t2mlr_jax.data import prosqa, sft  # noqa: E402
 from t2mlr_jax.data.multiple_choice import MCExample  # noqa: E402
 from t2mlr_jax.data.tokenizer import load_tokenizer  # noqa: E402
 from t2mlr_jax.eval import answers, downstream  # noqa: E402
@@ -91,3 +94,36 @@ def test_multiple_choice_perfect_wrong_and_half(tok):
                                                         batch_size=4)
     assert (summary["acc"], summary["acc_norm"]) == (want, want)
     assert [r["pred"] for r in rows] == [1, 0]
+
+
+def test_prosqa_is_prompted_as_trained_and_scored_by_answer_and_chain(tok, tmp_path,
+                                                                     monkeypatch):
+  """`prosqa` records (a Coconut-layout JSON list) are prompted in the GSM8K-Aug layout as
+  their SFT records train (chat template when asked); a completion equal to the gold
+  response scores 1 on answer and chain, the distractor's answer 0 on the answer, a walk
+  through a fact the question lacks 0 on the chain."""
+  examples = [prosqa.generate_example(i, num_concepts=8, depth_min=2, depth_max=3)
+              for i in range(4)]
+  path = tmp_path / "prosqa_test.json"
+  path.write_text(json.dumps([prosqa.sft_record(ex) for ex in examples]))
+  records = prosqa.read_prosqa(str(path))
+  seen = {}
+
+  def fake(params, cfg, tokenizer, prompts, **kwargs):
+    seen.update(prompts=prompts, kwargs=kwargs)
+    out = [prosqa.response_text(ex) for ex in examples]
+    wrong = examples[2]
+    out[2] = out[2].replace(f"### {wrong['answer']}", f"### {wrong['entity']} is a "
+                            f"{wrong['idx_to_symbol'][wrong['neg_target']]}.")
+    out[3] = "Every nothing is a thing.\n" + out[3]
+    return out
+  monkeypatch.setattr(downstream, "generate_texts", fake)
+  summary, rows = downstream.evaluate_generation("prosqa", None, None, tok, records, chat=True,
+                                                 max_new_tokens=9)
+  assert seen["prompts"] == [sft.prompt_and_response(r, "gsm8k_aug", tok, True)[0]
+                             for r in records]
+  assert seen["kwargs"] == {"max_new_tokens": 9}
+  assert summary == {"task": "prosqa", "num_examples": 4, "answer_acc": 0.75,
+                     "path_valid_acc": 0.75}
+  assert [(r["answer_correct"], r["path_valid"]) for r in rows] == [
+      (True, True), (True, True), (False, True), (True, False)]
