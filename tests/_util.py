@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t2mlr_jax import ModelConfig, T2MLRConfig, init_params, registry
+from t2mlr_jax.data import prosqa
 from t2mlr_jax.model import mixers
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))      # tests/ (golden/, fixtures/)
@@ -100,6 +101,13 @@ def write_sdist(path, files: dict) -> str:
       info.size = len(data)
       tar.addfile(info, io.BytesIO(data))
   return str(path)
+
+
+def prosqa_distractor_response(example: dict) -> str:
+  """A generated ProsQA example's gold response with its answer line naming the distractor."""
+  return prosqa.response_text(example).replace(
+      f"### {example['answer']}",
+      f"### {example['entity']} is a {example['idx_to_symbol'][example['neg_target']]}.")
 
 
 def load_file(*relpath):

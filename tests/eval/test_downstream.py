@@ -16,6 +16,7 @@ from t2mlr_jax.data.tokenizer import load_tokenizer  # noqa: E402
 from t2mlr_jax.eval import answers, downstream  # noqa: E402
 
 from _hf_fixtures import gsm8k_aug_records, make_tokenizer_dir  # noqa: E402
+from _util import prosqa_distractor_response  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -111,12 +112,9 @@ def test_prosqa_is_prompted_as_trained_and_scored_by_answer_and_chain(tok, tmp_p
 
   def fake(params, cfg, tokenizer, prompts, **kwargs):
     seen.update(prompts=prompts, kwargs=kwargs)
-    out = [prosqa.response_text(ex) for ex in examples]
-    wrong = examples[2]
-    out[2] = out[2].replace(f"### {wrong['answer']}", f"### {wrong['entity']} is a "
-                            f"{wrong['idx_to_symbol'][wrong['neg_target']]}.")
-    out[3] = "Every nothing is a thing.\n" + out[3]
-    return out
+    return [prosqa.response_text(examples[0]), prosqa.response_text(examples[1]),
+            prosqa_distractor_response(examples[2]),
+            "Every nothing is a thing.\n" + prosqa.response_text(examples[3])]
   monkeypatch.setattr(downstream, "generate_texts", fake)
   summary, rows = downstream.evaluate_generation("prosqa", None, None, tok, records, chat=True,
                                                  max_new_tokens=9)

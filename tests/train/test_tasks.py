@@ -15,7 +15,7 @@ from t2mlr_jax.eval.pathfinding import PathfindingMetrics
 from t2mlr_jax.train import config as config_lib, loop, tasks
 from t2mlr_jax.train.metrics import read_metrics
 
-from _util import TESTS_DIR, config_file
+from _util import TESTS_DIR, config_file, prosqa_distractor_response
 
 
 def _eval_record(workdir):
@@ -115,11 +115,8 @@ def test_generation_scores_read_what_the_model_writes(monkeypatch):
 
   def fake(params, cfg, tokenizer, prompts, **kwargs):
     seen.update(prompts=prompts, kwargs=kwargs)
-    out = [prosqa.response_text(ex) for ex in examples]
-    wrong = examples[3]
-    out[3] = out[3].replace(f"### {wrong['answer']}", f"### {wrong['entity']} is a "
-                            f"{wrong['idx_to_symbol'][wrong['neg_target']]}.")
-    return out
+    return [prosqa.response_text(ex) for ex in examples[:3]] + [
+        prosqa_distractor_response(examples[3])]
   monkeypatch.setattr(prosqa_eval, "generate_texts", fake)
   scores = prosqa_eval.generation_scores(None, None, prosqa.tokenizer(), examples, prompt_cf=1)
   assert seen["prompts"] == [ex["question"] + "\n" for ex in examples]
