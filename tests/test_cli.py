@@ -37,7 +37,7 @@ def _run(*args, cwd):
     (("t2mlr_jax.main", f"--config={TINY[:-5]}:huge"),
      f"error: unknown variant 'huge' for {TINY[:-5]}: allowed tiny, word, paper, v2"),
     (("t2mlr_jax.evaluate", "--task=foo", "--data=a_file", "--model=a_file"),
-     "error: --task='foo' is invalid: allowed one of bpb, gsm8k, math500, hotpotqa, arc_easy"),
+     "error: --task='foo' is invalid: allowed one of bpb, gsm8k, math500, hotpotqa, prosqa, arc_easy"),
     (("t2mlr_jax.evaluate", "--workdir=run", "--step=12345"),
      "error: --step=12345 is not saved in run: allowed one of [5, 10]"),
     (("t2mlr_jax.serve", "--model=run", "--step=12345"),
