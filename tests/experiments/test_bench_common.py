@@ -13,9 +13,9 @@ from _util import REPO_ROOT, load_file
 ROOT = REPO_ROOT
 RESULTS = os.path.join(ROOT, "experiments", "results")
 # The files their scripts write with indent=1 (s5_default_job.py, s5_lstm_gap.py,
-# schedule_ablation.py, retrofit_smollm2.py); every other one has indent=2.
+# schedule_ablation.py, retrofit_smollm2.py for each task); every other one has indent=2.
 INDENT_1 = ("s5_default_job.json", "s5_lstm_gap.json", "schedule_ablation_",
-            "retrofit_smollm2.json")
+            "retrofit_smollm2")
 
 
 def _bc():
